@@ -1,0 +1,375 @@
+"""Typed experiment configuration: YAML in, validated dataclasses out.
+
+Every stage receives these typed sections, never raw dicts. Loading fails with a
+`ConfigError` (one line, naming the file and the dotted key, with a did-you-mean)
+on an unknown key, a wrong type or an impossible value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from nmt.errors import NmtError
+
+
+class ConfigError(NmtError):
+    """A config file or override that cannot be used."""
+
+
+@dataclass
+class DataConfig:
+    corpus: str = "tatoeba"  # a recipe name (see nmt.corpus.RECIPES)
+    mirror: str | None = None  # local directory in the HF translation schema
+    src_lang: str = "zh"
+    tgt_lang: str = "en"
+    max_train_pairs: int | None = None  # subsample larger corpora (seeded)
+    max_chars: int = 300  # drop pairs with a side longer than this (characters)
+    max_ratio: float = 9.0  # drop pairs whose length ratio (chars, en/zh either way) exceeds this
+    nfkc: bool = True  # Unicode NFKC normalisation (full-width ASCII → ASCII, etc.)
+    t2s: bool = True  # Traditional → Simplified Chinese on the zh side (OpenCC)
+    dedup: bool = True  # drop exact duplicate training pairs
+    filter_overlap: bool = True  # drop training pairs whose zh or en side is in valid/test
+    seed: int = 1
+
+
+@dataclass
+class VocabConfig:
+    type: Literal["unigram", "bpe"] = "unigram"
+    src_size: int = 8000
+    tgt_size: int = 8000
+    src_coverage: float = 0.9995
+    tgt_coverage: float = 1.0
+    byte_fallback: bool = True  # on the zh side; guarantees no <unk>
+    max_sentences: int = 2_000_000  # SentencePiece input_sentence_size
+    workers: int = 2  # processes used to encode the splits
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = 512
+    heads: int = 8
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    ffn_dim: int = 2048
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation: Literal["relu", "gelu"] = "relu"
+    norm: Literal["pre", "post"] = "pre"
+    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
+    max_positions: int = 1024
+    tie_embeddings: bool = True  # decoder input embedding = output projection
+    attention: Literal["auto", "math", "sdpa", "flash"] = "auto"
+
+
+@dataclass
+class TrainConfig:
+    max_tokens: int = 4096  # per batch, padded (src or tgt, whichever is larger)
+    update_freq: int = 1  # gradient accumulation
+    lr: float = 1e-3
+    warmup: int = 1000
+    schedule: Literal["inverse_sqrt", "cosine"] = "inverse_sqrt"
+    min_lr: float = 0.0  # floor of the cosine schedule
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0  # 0 disables clipping
+    max_len: int = 256  # pairs with a longer side (in pieces) are skipped
+    max_steps: int = 0  # 0 = no limit
+    max_epochs: int = 0  # 0 = no limit
+    max_time: str = ""  # wall-clock budget, e.g. "20m", "1h30m"; "" = no limit
+    eval_every: int = 1000
+    eval_sentences: int = 500  # fixed validation subset for BLEU during training
+    patience: int = 0  # early stop after this many evals without BLEU gain; 0 = off
+    log_every: int = 50
+    keep_last: int = 5
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    compile: bool = False
+    threads: int = 0  # torch intra-op threads; 0 = all cores
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    max_nonfinite: int = 10  # abort after this many non-finite losses in a row
+    seed: int = 1
+
+
+@dataclass
+class DecodeConfig:
+    beam: int = 5
+    nbest: int = 1
+    len_penalty: float = 1.0  # fairseq-style: score / length**len_penalty
+    max_len_a: float = 1.5  # max output length = a * src_len + b
+    max_len_b: int = 10
+    min_len: int = 1
+    no_repeat_ngram: int = 0
+    max_tokens: int = 6000  # source tokens per decoding batch
+    batch_size: int = 64  # sentences per decoding batch (upper bound)
+
+
+@dataclass
+class Config:
+    name: str = "default"
+    data: DataConfig = field(default_factory=DataConfig)
+    vocab: VocabConfig = field(default_factory=VocabConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+SECTIONS = ("data", "vocab", "model", "train", "decode")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config, apply `section.key=value` overrides, validate.
+
+    The config's name defaults to the file's stem (`configs/small.yaml` → "small").
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections")
+    raw.setdefault("name", path.stem)
+    for item in overrides or []:
+        apply_override(raw, item, source="--set")
+    return config_from_dict(raw, source=str(path))
+
+
+def apply_override(raw: dict, item: str, source: str = "--set") -> None:
+    """Apply one `section.key=value` override to a raw config dict (value parsed as YAML)."""
+    if "=" not in item:
+        raise ConfigError(f"{source} {item!r}: expected section.key=value")
+    dotted, value = item.split("=", 1)
+    parts = dotted.strip().split(".")
+    if len(parts) == 1 and parts[0] == "name":
+        raw["name"] = value
+        return
+    if len(parts) != 2:
+        raise ConfigError(f"{source} {item!r}: expected section.key=value")
+    section, key = parts
+    if section not in SECTIONS:
+        raise ConfigError(f"{source} {dotted}: unknown section {section!r}{_suggest(section, SECTIONS)}")
+    sub = raw.setdefault(section, {}) or {}
+    raw[section] = sub
+    try:
+        sub[key] = yaml.safe_load(value) if value != "" else ""
+    except yaml.YAMLError:
+        sub[key] = value
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
+    """Build and validate a Config from a plain dict (as read from YAML)."""
+    known = {f.name for f in dataclasses.fields(Config)}
+    for key in raw:
+        if key not in known:
+            raise ConfigError(f"{source}: unknown section {key!r}{_suggest(key, known)}")
+    kwargs: dict[str, Any] = {"name": str(raw.get("name", "default"))}
+    for section in SECTIONS:
+        value = raw.get(section) or {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: {section}: expected a mapping, got {type(value).__name__}")
+        kwargs[section] = _build_section(_SECTION_CLASSES[section], value, section, source)
+    config = Config(**kwargs)
+    validate(config, source)
+    return config
+
+
+_SECTION_CLASSES = {
+    "data": DataConfig,
+    "vocab": VocabConfig,
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "decode": DecodeConfig,
+}
+
+
+def _build_section(cls: type, values: dict, section: str, source: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    out = {}
+    for key, value in values.items():
+        if key not in hints:
+            raise ConfigError(f"{source}: unknown key {section}.{key}{_suggest(key, names)}")
+        out[key] = _coerce(value, hints[key], f"{section}.{key}", source)
+    return cls(**out)
+
+
+def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
+    """Check `value` against a type hint; return it converted (int → float, list → tuple)."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key, source)
+            except ConfigError:
+                continue
+        raise _type_error(value, hint, key, source)
+    if origin is Literal:
+        if value not in args:
+            choices = " | ".join(str(a) for a in args)
+            raise ConfigError(f"{source}: {key}: {value!r} is not one of {choices}{_suggest(str(value), [str(a) for a in args])}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise _type_error(value, hint, key, source)
+        return tuple(_coerce(v, a, key, source) for v, a in zip(value, args))
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise _type_error(value, hint, key, source)
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _type_error(value, hint, key, source)
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _type_error(value, hint, key, source)
+        return float(value)
+    if hint is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise _type_error(value, hint, key, source)
+        return str(value)
+    raise ConfigError(f"{source}: {key}: unsupported type {hint}")
+
+
+def _type_error(value: Any, hint: Any, key: str, source: str) -> ConfigError:
+    name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+    return ConfigError(f"{source}: {key}: expected {name}, got {value!r}")
+
+
+def _suggest(word: str, options: typing.Iterable[str]) -> str:
+    match = difflib.get_close_matches(word, list(options), n=1, cutoff=0.5)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate(c: Config, source: str = "<config>") -> None:
+    """Reject values that cannot work, naming the key."""
+
+    def need(ok: bool, key: str, msg: str) -> None:
+        if not ok:
+            raise ConfigError(f"{source}: {key}: {msg}")
+
+    m, t, v, d, data = c.model, c.train, c.vocab, c.decode, c.data
+    need(m.d_model > 0, "model.d_model", "must be positive")
+    need(m.heads > 0, "model.heads", "must be positive")
+    need(m.d_model % max(m.heads, 1) == 0, "model.d_model", f"{m.d_model} is not divisible by model.heads={m.heads}")
+    need(m.encoder_layers >= 1, "model.encoder_layers", "must be at least 1")
+    need(m.decoder_layers >= 1, "model.decoder_layers", "must be at least 1")
+    need(m.ffn_dim > 0, "model.ffn_dim", "must be positive")
+    need(0.0 <= m.dropout < 1.0, "model.dropout", f"{m.dropout} is outside [0, 1)")
+    need(0.0 <= m.attention_dropout < 1.0, "model.attention_dropout", f"{m.attention_dropout} is outside [0, 1)")
+    need(m.max_positions > 0, "model.max_positions", "must be positive")
+    need(v.src_size >= 16, "vocab.src_size", "must be at least 16")
+    need(v.tgt_size >= 16, "vocab.tgt_size", "must be at least 16")
+    need(0.9 <= v.src_coverage <= 1.0, "vocab.src_coverage", "must be in [0.9, 1]")
+    need(0.9 <= v.tgt_coverage <= 1.0, "vocab.tgt_coverage", "must be in [0.9, 1]")
+    need(v.workers >= 1, "vocab.workers", "must be at least 1")
+    need(t.max_tokens > 0, "train.max_tokens", "must be positive")
+    need(t.update_freq >= 1, "train.update_freq", "must be at least 1")
+    need(t.lr > 0, "train.lr", "must be positive")
+    need(t.warmup >= 0, "train.warmup", "must be >= 0")
+    need(all(0.0 <= b < 1.0 for b in t.betas), "train.betas", "each beta must be in [0, 1)")
+    need(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
+    need(t.clip_norm >= 0, "train.clip_norm", "must be >= 0")
+    need(t.max_len >= 2, "train.max_len", "must be at least 2")
+    need(t.max_len <= m.max_positions, "train.max_len", f"{t.max_len} exceeds model.max_positions={m.max_positions}")
+    need(t.max_steps >= 0 and t.max_epochs >= 0, "train.max_steps", "limits must be >= 0")
+    need(t.eval_every > 0, "train.eval_every", "must be positive")
+    need(t.log_every > 0, "train.log_every", "must be positive")
+    need(t.keep_last >= 1, "train.keep_last", "must be at least 1")
+    need(t.threads >= 0, "train.threads", "must be >= 0")
+    need(t.max_nonfinite >= 1, "train.max_nonfinite", "must be at least 1")
+    try:
+        parse_duration(t.max_time)
+    except ValueError as e:
+        raise ConfigError(f"{source}: train.max_time: {e}") from None
+    need(d.beam >= 1, "decode.beam", "must be at least 1")
+    need(1 <= d.nbest <= d.beam, "decode.nbest", f"must be between 1 and decode.beam={d.beam}")
+    need(d.max_len_a >= 0 and d.max_len_b >= 0, "decode.max_len_a", "length limits must be >= 0")
+    need(d.min_len >= 0, "decode.min_len", "must be >= 0")
+    need(d.no_repeat_ngram >= 0, "decode.no_repeat_ngram", "must be >= 0")
+    need(d.max_tokens > 0 and d.batch_size > 0, "decode.max_tokens", "batch limits must be positive")
+    need(data.max_chars > 0, "data.max_chars", "must be positive")
+    need(data.max_ratio >= 1.0, "data.max_ratio", "must be >= 1")
+    need(data.max_train_pairs is None or data.max_train_pairs > 0, "data.max_train_pairs", "must be positive")
+    if m.attention == "flash":
+        need(_cuda_available(), "model.attention", "'flash' needs a CUDA device, and none is available (use auto or sdpa)")
+
+
+def _cuda_available() -> bool:
+    if os.environ.get("NMT_ASSUME_NO_CUDA"):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def parse_duration(text: str) -> float:
+    """'20m' → 1200.0 seconds; '1h30m', '90s', '45' (seconds); '' → 0 (no limit)."""
+    text = text.strip().lower()
+    if not text:
+        return 0.0
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0}
+    total, number = 0.0, ""
+    for ch in text:
+        if ch.isdigit() or ch == ".":
+            number += ch
+        elif ch in units and number:
+            total += float(number) * units[ch]
+            number = ""
+        else:
+            raise ValueError(f"cannot parse duration {text!r} (use e.g. 20m, 1h30m, 90s)")
+    if number:
+        total += float(number)
+    return total
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def config_to_dict(c: Config) -> dict[str, Any]:
+    """Plain dict (tuples as lists) suitable for YAML/JSON."""
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, tuple):
+            return list(x)
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        return x
+
+    return plain(dataclasses.asdict(c))
+
+
+def config_to_yaml(c: Config) -> str:
+    return yaml.safe_dump(config_to_dict(c), sort_keys=False, allow_unicode=True)
+
+
+def save_config(c: Config, path: str | Path) -> None:
+    """Write the resolved config atomically."""
+    from nmt.runs import atomic_write_text
+
+    atomic_write_text(Path(path), config_to_yaml(c))

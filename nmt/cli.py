@@ -1,0 +1,235 @@
+"""The `nmt` command line: thin commands that parse, call one library function, print.
+
+Library modules are imported inside each command so that `nmt --help` starts instantly.
+A user mistake (`NmtError`) is printed as one line on stderr with exit code 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from nmt.errors import NmtError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Chinese→English neural machine translation: download → vocab → train → translate/eval.",
+)
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="YAML config; default: the run's saved config.yaml."),
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override a config value: section.key=value (repeatable)."),
+]
+RunOpt = Annotated[
+    Path | None,
+    typer.Option("--run", "-r", help="Run directory; default runs/<config name>, or runs/latest."),
+]
+MirrorOpt = Annotated[
+    str | None,
+    typer.Option("--mirror", help="Local corpus mirror directory (default: $NMT_MIRROR, then the hub)."),
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def user_errors(fn: F) -> F:
+    """Turn `NmtError` into a one-line message and exit code 1 (no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except NmtError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            typer.echo("interrupted: run the same command again to resume", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _setup(config: Path | None, overrides: list[str] | None, run: Path | None, create: bool = True):
+    from nmt.runs import init_run, resolve_run
+
+    cfg, run_dir = resolve_run(str(config) if config else None, str(run) if run else None, overrides)
+    if create:
+        init_run(cfg, run_dir)
+    return cfg, run_dir
+
+
+@app.command()
+@user_errors
+def download(config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None, mirror: MirrorOpt = None) -> None:
+    """Fetch the configured corpus (hub or local mirror), clean it and write <run>/corpus/."""
+    from nmt.corpus import prepare_corpus
+
+    cfg, run_dir = _setup(config, set_, run)
+    prepare_corpus(cfg, run_dir, mirror=mirror)
+
+
+@app.command()
+@user_errors
+def vocab(config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None) -> None:
+    """Train the zh and en SentencePiece models and encode every split to <run>/bin/."""
+    from nmt.vocab import build_vocab
+
+    cfg, run_dir = _setup(config, set_, run)
+    build_vocab(cfg, run_dir)
+
+
+@app.command()
+@user_errors
+def train(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    run: RunOpt = None,
+    restart: Annotated[bool, typer.Option("--restart", help="Delete checkpoints and start over.")] = False,
+    nproc: Annotated[int, typer.Option("--nproc", help="Processes on this machine (DDP via torchrun).")] = 1,
+) -> None:
+    """Train (or resume) the model of a run. Resumes from the last checkpoint unless --restart."""
+    if nproc > 1 and "LOCAL_RANK" not in os.environ:
+        from nmt.distributed import launch_with_torchrun
+
+        raise typer.Exit(launch_with_torchrun(nproc, sys.argv[1:]))
+    from nmt.train import train as train_run
+
+    cfg, run_dir = _setup(config, set_, run)
+    summary = train_run(cfg, run_dir, restart=restart)
+    if summary:
+        typer.echo(_format_summary(summary))
+
+
+@app.command()
+@user_errors
+def translate(
+    texts: Annotated[list[str] | None, typer.Argument(help="Sentences to translate (else --input or stdin).")] = None,
+    input: Annotated[Path | None, typer.Option("--input", "-i", help="File with one sentence per line.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write translations here.")] = None,
+    run: RunOpt = None,
+    checkpoint: Annotated[Path | None, typer.Option("--checkpoint", help="A .safetensors checkpoint.")] = None,
+    beam: Annotated[int | None, typer.Option("--beam", min=1, help="Beam size (1 = greedy).")] = None,
+    nbest: Annotated[int, typer.Option("--nbest", min=1, help="Hypotheses per sentence.")] = 1,
+    len_penalty: Annotated[float | None, typer.Option("--len-penalty")] = None,
+    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")] = "auto",
+) -> None:
+    """Translate Chinese text with a trained run (default: runs/latest)."""
+    from nmt.translate import translate_to
+
+    if texts and input:
+        raise NmtError("give sentences as arguments or --input FILE, not both")
+    translate_to(
+        texts=texts,
+        input_path=input,
+        output_path=output,
+        run_dir=run,
+        checkpoint=checkpoint,
+        beam=beam,
+        nbest=nbest,
+        len_penalty=len_penalty,
+        device=device,
+    )
+
+
+@app.command(name="eval")
+@user_errors
+def eval_(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    run: RunOpt = None,
+    split: Annotated[str, typer.Option("--split", help="valid | test")] = "test",
+    src: Annotated[Path | None, typer.Option("--src", help="External source file (with --ref).")] = None,
+    ref: Annotated[Path | None, typer.Option("--ref", help="External reference file (with --src).")] = None,
+    checkpoint: Annotated[Path | None, typer.Option("--checkpoint")] = None,
+    beam: Annotated[int | None, typer.Option("--beam", min=1, help="Beam size (default: decode.beam).")] = None,
+    greedy: Annotated[bool, typer.Option("--greedy", help="Also report greedy decoding.")] = False,
+    device: Annotated[str, typer.Option("--device")] = "auto",
+) -> None:
+    """Translate a split (or --src/--ref) and score it with sacreBLEU BLEU and chrF."""
+    from nmt.evaluate import evaluate_run
+
+    if split not in ("valid", "test"):
+        raise NmtError(f"--split {split!r}: expected valid or test")
+    if (src is None) != (ref is None):
+        raise NmtError("--src and --ref go together")
+    cfg, run_dir = _setup(config, set_, run, create=False)
+    evaluate_run(
+        cfg, run_dir, split=split, src=src, ref=ref, beam=beam, greedy=greedy, checkpoint=checkpoint, device=device
+    )
+
+
+@app.command()
+@user_errors
+def average(
+    run: RunOpt = None,
+    last: Annotated[int, typer.Option("--last", "-n", min=1, help="How many of the newest checkpoints.")] = 5,
+    output: Annotated[Path | None, typer.Option("--output", "-o")] = None,
+) -> None:
+    """Average the last N checkpoints of a run into one (usually +0.5-1 BLEU)."""
+    from nmt.checkpoint import average_last
+
+    out = average_last(_run_dir(run), last, output)
+    typer.echo(f"wrote {out}")
+
+
+@app.command()
+@user_errors
+def pipeline(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    run: RunOpt = None,
+    mirror: MirrorOpt = None,
+) -> None:
+    """download → vocab → train → average → eval in one command, skipping finished stages."""
+    from nmt.pipeline import run_pipeline
+
+    cfg, run_dir = _setup(config, set_, run)
+    run_pipeline(cfg, run_dir, mirror=mirror)
+
+
+@app.command()
+@user_errors
+def summary(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    run: RunOpt = None,
+    src_vocab: Annotated[int | None, typer.Option("--src-vocab", help="Default: vocab.src_size.")] = None,
+    tgt_vocab: Annotated[int | None, typer.Option("--tgt-vocab", help="Default: vocab.tgt_size.")] = None,
+) -> None:
+    """Print the model's size, shape and attention backend without training."""
+    from nmt.model import build_model, model_summary
+
+    cfg, _ = _setup(config, set_, run, create=False)
+    model = build_model(cfg, src_vocab or cfg.vocab.src_size, tgt_vocab or cfg.vocab.tgt_size)
+    typer.echo(model_summary(model))
+
+
+def _run_dir(run: Path | None) -> Path:
+    run_dir = run or Path("runs/latest")
+    if not run_dir.is_dir():
+        raise NmtError(f"{run_dir}: run directory not found (pass --run DIR)")
+    return run_dir
+
+
+def _format_summary(summary: dict) -> str:
+    return "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items())
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""The one-command pipeline: download → vocab → train → average → select → eval.
+
+Each stage is skipped when its stamp says it already ran on the same inputs, so a second
+`nmt pipeline` run (or one after an interruption) only does what is left.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from nmt.config import Config, config_to_dict
+from nmt.runs import hash_files, is_fresh, write_stamp
+
+
+def run_pipeline(config: Config, run_dir: Path, mirror: str | None = None) -> dict:
+    """Run every stage on `run_dir`; return {"stages": {stage: "ran"|"skipped"}, "eval": report}."""
+    from nmt.corpus import prepare_corpus
+    from nmt.vocab import build_vocab
+
+    stages: dict[str, str] = {}
+    _log_stage("download")
+    stages["download"] = _ran(run_dir, "download", lambda: prepare_corpus(config, run_dir, mirror=mirror))
+    _log_stage("vocab")
+    stages["vocab"] = _ran(run_dir, "vocab", lambda: build_vocab(config, run_dir))
+    _log_stage("train")
+    stages["train"] = train_stage(config, run_dir)
+    _log_stage("select")
+    stages["select"] = select_stage(config, run_dir)
+    _log_stage("eval")
+    stages["eval"], report = eval_stage(config, run_dir)
+    return {"stages": stages, "eval": report}
+
+
+def _log_stage(name: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).rule(f"[bold]{name}")
+
+
+def _ran(run_dir: Path, stage: str, fn) -> str:
+    """Call a stage that stamps itself; report whether it did work (its stamp changed)."""
+    stamp = run_dir / f"{stage}.stamp.json"
+    before = stamp.read_text(encoding="utf-8") if stamp.is_file() else None
+    fn()
+    after = stamp.read_text(encoding="utf-8") if stamp.is_file() else None
+    return "skipped" if before is not None and before == after else "ran"
+
+
+def _train_digest(config: Config, run_dir: Path) -> str:
+    bins = sorted((run_dir / "bin").glob("train.*.npy"))
+    sections = config_to_dict(config)
+    return hash_files(bins, {"model": sections["model"], "train": sections["train"]})
+
+
+def train_stage(config: Config, run_dir: Path) -> str:
+    """Train unless a finished training run with the same inputs is stamped."""
+    from nmt.train import train
+
+    digest = _train_digest(config, run_dir)
+    if is_fresh(run_dir, "train", digest):
+        return "skipped"
+    summary = train(config, run_dir, restart=False)
+    write_stamp(run_dir, "train", digest, {"summary": _plain(summary)})
+    return "ran"
+
+
+def select_stage(config: Config, run_dir: Path) -> str:
+    """Average the last checkpoints, then keep the better of (averaged, best) on validation.
+
+    The choice is made on the validation split only; the winner is copied to
+    `checkpoints/final.safetensors`, which translate/eval use by default.
+    """
+    from nmt.checkpoint import average_last
+    from nmt.evaluate import evaluate_run
+
+    ckpt_dir = run_dir / "checkpoints"
+    trained = sorted(ckpt_dir.glob("step_*.safetensors")) + sorted(ckpt_dir.glob("best.safetensors"))
+    digest = hash_files(trained, "select")
+    final = ckpt_dir / "final.safetensors"
+    if final.is_file() and is_fresh(run_dir, "select", digest):
+        return "skipped"
+    candidates = {"averaged": average_last(run_dir, config.train.keep_last, ckpt_dir / "averaged.safetensors")}
+    if (ckpt_dir / "best.safetensors").is_file():
+        candidates["best"] = ckpt_dir / "best.safetensors"
+    scores = {}
+    for name, path in candidates.items():
+        report = evaluate_run(config, run_dir, split="valid", checkpoint=path, name=f"select-{name}")
+        scores[name] = report["bleu"]
+    winner = max(scores, key=lambda k: scores[k])
+    shutil.copyfile(candidates[winner], final)
+    write_stamp(run_dir, "select", digest, {"valid_bleu": scores, "chosen": winner})
+    return "ran"
+
+
+def eval_stage(config: Config, run_dir: Path) -> tuple[str, dict]:
+    """Evaluate the final checkpoint on the test split (once per final checkpoint)."""
+    import json
+
+    from nmt.evaluate import evaluate_run
+
+    final = run_dir / "checkpoints" / "final.safetensors"
+    digest = hash_files([final], {"decode": config_to_dict(config)["decode"]})
+    report_path = run_dir / "eval" / "test.json"
+    if is_fresh(run_dir, "eval", digest) and report_path.is_file():
+        return "skipped", json.loads(report_path.read_text(encoding="utf-8"))
+    report = evaluate_run(config, run_dir, split="test", checkpoint=final, name="test")
+    write_stamp(run_dir, "eval", digest)
+    return "ran", report
+
+
+def _plain(obj):
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, (int, float, str, bool)) or obj is None:
+        return obj
+    return str(obj)

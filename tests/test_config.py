@@ -1,0 +1,133 @@
+from pathlib import Path
+
+import pytest
+
+from nmt.config import (
+    Config,
+    ConfigError,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    parse_duration,
+    save_config,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path: Path, text: str, name: str = "exp.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+@pytest.mark.parametrize("name", ["tiny", "small", "base", "big"])
+def test_shipped_configs_load(name, monkeypatch):
+    monkeypatch.setenv("NMT_ASSUME_NO_CUDA", "1")
+    c = load_config(ROOT / "configs" / f"{name}.yaml")
+    assert c.name == name
+    assert c.model.d_model % c.model.heads == 0
+
+
+def test_base_is_transformer_base():
+    m = load_config(ROOT / "configs" / "base.yaml").model
+    assert (m.encoder_layers, m.decoder_layers, m.d_model, m.heads, m.ffn_dim) == (6, 6, 512, 8, 2048)
+
+
+def test_values_are_typed(tmp_path):
+    p = write(tmp_path, "model:\n  d_model: 64\n  heads: 4\n  dropout: 0\ntrain:\n  betas: [0.9, 0.99]\n")
+    c = load_config(p)
+    assert c.model.d_model == 64
+    assert isinstance(c.model.dropout, float)
+    assert c.train.betas == (0.9, 0.99)
+    assert c.name == "exp"
+
+
+def test_unknown_key_names_file_and_suggests(tmp_path):
+    p = write(tmp_path, "model:\n  d_modle: 64\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    msg = str(e.value)
+    assert str(p) in msg and "model.d_modle" in msg and "did you mean 'd_model'" in msg
+    assert "\n" not in msg
+
+
+def test_unknown_section_suggests(tmp_path):
+    with pytest.raises(ConfigError, match="did you mean 'train'"):
+        load_config(write(tmp_path, "trian:\n  lr: 1\n"))
+
+
+def test_wrong_type(tmp_path):
+    with pytest.raises(ConfigError, match=r"model\.heads: expected int, got 'four'"):
+        load_config(write(tmp_path, "model:\n  heads: four\n"))
+    with pytest.raises(ConfigError, match=r"train\.compile: expected bool"):
+        load_config(write(tmp_path, "train:\n  compile: 1\n"))
+
+
+def test_literal_choice_suggests(tmp_path):
+    with pytest.raises(ConfigError, match=r"model\.norm: 'prenorm' is not one of pre \| post"):
+        load_config(write(tmp_path, "model:\n  norm: prenorm\n"))
+
+
+def test_d_model_not_divisible_by_heads(tmp_path):
+    with pytest.raises(ConfigError, match=r"model\.d_model: 100 is not divisible by model\.heads=8"):
+        load_config(write(tmp_path, "model:\n  d_model: 100\n  heads: 8\n"))
+
+
+def test_negative_dropout(tmp_path):
+    with pytest.raises(ConfigError, match=r"exp\.yaml: model\.dropout: -0\.1 is outside"):
+        load_config(write(tmp_path, "model:\n  dropout: -0.1\n"))
+
+
+def test_flash_without_cuda_is_config_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("NMT_ASSUME_NO_CUDA", "1")
+    with pytest.raises(ConfigError, match=r"model\.attention: 'flash' needs a CUDA device"):
+        load_config(write(tmp_path, "model:\n  attention: flash\n"))
+
+
+def test_overrides(tmp_path):
+    p = write(tmp_path, "model:\n  d_model: 64\n  heads: 4\n")
+    c = load_config(p, ["model.d_model=128", "train.max_time=20m", "data.t2s=false", "name=other"])
+    assert c.model.d_model == 128 and c.train.max_time == "20m" and c.data.t2s is False
+    assert c.name == "other"
+
+
+def test_override_errors(tmp_path):
+    p = write(tmp_path, "{}\n")
+    with pytest.raises(ConfigError, match="did you mean 'model'"):
+        load_config(p, ["modle.d_model=1"])
+    with pytest.raises(ConfigError, match="expected section.key=value"):
+        load_config(p, ["model.d_model"])
+    with pytest.raises(ConfigError, match=r"train\.lr: must be positive"):
+        load_config(p, ["train.lr=0"])
+
+
+def test_invalid_yaml_names_line(tmp_path):
+    p = write(tmp_path, "model:\n  d_model: [1\n")
+    with pytest.raises(ConfigError, match=r"exp\.yaml:\d+: invalid YAML"):
+        load_config(p)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_round_trip(tmp_path):
+    c = load_config(ROOT / "configs" / "small.yaml")
+    save_config(c, tmp_path / "saved.yaml")
+    again = load_config(tmp_path / "saved.yaml")
+    assert config_to_dict(again) == config_to_dict(c)
+    assert isinstance(config_from_dict({}), Config)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("", 0.0), ("20m", 1200.0), ("1h30m", 5400.0), ("90s", 90.0), ("45", 45.0)]
+)
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+def test_bad_duration(tmp_path):
+    with pytest.raises(ConfigError, match=r"train\.max_time: cannot parse duration"):
+        load_config(write(tmp_path, "train:\n  max_time: soon\n"))

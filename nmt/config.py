@@ -227,13 +227,14 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
         raise _type_error(value, hint, key, source)
     if origin is Literal:
         if value not in args:
-            choices = " | ".join(str(a) for a in args)
-            raise ConfigError(f"{source}: {key}: {value!r} is not one of {choices}{_suggest(str(value), [str(a) for a in args])}")
+            choices = [str(a) for a in args]
+            hint_text = _suggest(str(value), choices)
+            raise ConfigError(f"{source}: {key}: {value!r} is not one of {' | '.join(choices)}{hint_text}")
         return value
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise _type_error(value, hint, key, source)
-        return tuple(_coerce(v, a, key, source) for v, a in zip(value, args))
+        return tuple(_coerce(v, a, key, source) for v, a in zip(value, args, strict=True))
     if hint is bool:
         if not isinstance(value, bool):
             raise _type_error(value, hint, key, source)
@@ -317,7 +318,8 @@ def validate(c: Config, source: str = "<config>") -> None:
     need(data.max_ratio >= 1.0, "data.max_ratio", "must be >= 1")
     need(data.max_train_pairs is None or data.max_train_pairs > 0, "data.max_train_pairs", "must be positive")
     if m.attention == "flash":
-        need(_cuda_available(), "model.attention", "'flash' needs a CUDA device, and none is available (use auto or sdpa)")
+        no_cuda = "'flash' needs a CUDA device, and none is available (use auto or sdpa)"
+        need(_cuda_available(), "model.attention", no_cuda)
 
 
 def _cuda_available() -> bool:

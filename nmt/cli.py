@@ -74,9 +74,9 @@ def _setup(config: Path | None, overrides: list[str] | None, run: Path | None, c
 @user_errors
 def download(config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None, mirror: MirrorOpt = None) -> None:
     """Fetch the configured corpus (hub or local mirror), clean it and write <run>/corpus/."""
+    cfg, run_dir = _setup(config, set_, run)
     from nmt.corpus import prepare_corpus
 
-    cfg, run_dir = _setup(config, set_, run)
     prepare_corpus(cfg, run_dir, mirror=mirror)
 
 
@@ -84,9 +84,9 @@ def download(config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None, 
 @user_errors
 def vocab(config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None) -> None:
     """Train the zh and en SentencePiece models and encode every split to <run>/bin/."""
+    cfg, run_dir = _setup(config, set_, run)
     from nmt.vocab import build_vocab
 
-    cfg, run_dir = _setup(config, set_, run)
     build_vocab(cfg, run_dir)
 
 
@@ -104,9 +104,9 @@ def train(
         from nmt.distributed import launch_with_torchrun
 
         raise typer.Exit(launch_with_torchrun(nproc, sys.argv[1:]))
+    cfg, run_dir = _setup(config, set_, run)
     from nmt.train import train as train_run
 
-    cfg, run_dir = _setup(config, set_, run)
     summary = train_run(cfg, run_dir, restart=restart)
     if summary:
         typer.echo(_format_summary(summary))
@@ -193,9 +193,9 @@ def pipeline(
     mirror: MirrorOpt = None,
 ) -> None:
     """download → vocab → train → average → eval in one command, skipping finished stages."""
+    cfg, run_dir = _setup(config, set_, run)
     from nmt.pipeline import run_pipeline
 
-    cfg, run_dir = _setup(config, set_, run)
     run_pipeline(cfg, run_dir, mirror=mirror)
 
 

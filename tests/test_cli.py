@@ -1,0 +1,114 @@
+"""End to end through the `nmt` command line (in-process, with Typer's runner)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nmt.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+
+
+def invoke(*args: str, input: str | None = None):
+    return runner.invoke(app, list(args), input=input, catch_exceptions=False)
+
+
+def test_help_lists_every_command():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for command in ["download", "vocab", "train", "translate", "eval", "average", "pipeline", "summary"]:
+        assert command in result.output
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "expected"),
+    [
+        ("model:\n  d_modle: 64\n", "unknown key model.d_modle (did you mean 'd_model'?)"),
+        ("model:\n  d_model: 30\n  heads: 4\n", "model.d_model: 30 is not divisible by model.heads=4"),
+        ("train:\n  lr: -1\n", "train.lr: must be positive"),
+    ],
+)
+def test_bad_config_is_one_line_and_nonzero(tmp_path, yaml_text, expected):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(yaml_text)
+    result = invoke("vocab", "--config", str(cfg), "--run", str(tmp_path / "run"))
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0] and str(cfg) in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_unknown_corpus_is_one_line(tmp_path):
+    result = invoke(
+        "download",
+        "--config",
+        str(ROOT / "configs/tiny.yaml"),
+        "--set",
+        "data.corpus=tatoba",
+        "--run",
+        str(tmp_path / "run"),
+        "--mirror",
+        str(tmp_path),
+    )
+    assert result.exit_code == 1
+    assert "tatoba" in result.stderr and "tatoeba" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_translate_arguments(tiny_run):
+    result = invoke("translate", "--run", str(tiny_run), "我爱 AI", "你好。")
+    assert result.exit_code == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 2
+
+
+def test_translate_stdin_keeps_order_and_empty_lines(tiny_run):
+    result = invoke("translate", "--run", str(tiny_run), "--beam", "1", input="你好。\n\n我爱你。\n")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.split("\n")
+    assert len(lines) >= 3 and lines[1] == ""
+
+
+def test_translate_file_with_long_and_traditional_lines(tiny_run, tmp_path):
+    src = tmp_path / "in.zh"
+    src.write_text("瑪麗不像其他女孩一樣。\n\n" + "我" * 5000 + "\n玛丽不像其他女孩一样。\n", encoding="utf-8")
+    out = tmp_path / "out.en"
+    result = invoke("translate", "--run", str(tiny_run), "--input", str(src), "--output", str(out))
+    assert result.exit_code == 0, result.stderr
+    lines = out.read_text(encoding="utf-8").split("\n")
+    assert lines[1] == ""
+    assert lines[0] == lines[3]  # Traditional input is normalised like training (t2s)
+    assert "truncat" in result.stderr
+
+
+def test_translate_missing_run_is_clean(tmp_path):
+    result = invoke("translate", "--run", str(tmp_path / "nothing"), "你好")
+    assert result.exit_code == 1
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_eval_writes_report(tiny_run):
+    result = invoke("eval", "--run", str(tiny_run), "--split", "valid", "--beam", "1")
+    assert result.exit_code == 0, result.stderr
+    reports = sorted((tiny_run / "eval").glob("*.json"))
+    assert reports
+    data = json.loads(reports[-1].read_text())
+    assert "BLEU" in json.dumps(data) or "bleu" in data
+
+
+def test_summary_names_backend_and_size():
+    result = invoke(
+        "summary", "--config", str(ROOT / "configs/base.yaml"), "--src-vocab", "32000", "--tgt-vocab", "32000"
+    )
+    assert result.exit_code == 0
+    assert "sdpa" in result.stdout or "math" in result.stdout
+    assert "M" in result.stdout
+
+
+def test_average_identical(tiny_run, tmp_path):
+    out = tmp_path / "avg.safetensors"
+    result = invoke("average", "--run", str(tiny_run), "--last", "2", "--output", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert out.is_file()

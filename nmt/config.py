@@ -92,7 +92,9 @@ class TrainConfig:
     patience: int = 0  # early stop after this many evals without BLEU gain; 0 = off
     log_every: int = 50
     keep_last: int = 5
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # auto = bf16 where the hardware has fast bf16 matmuls (CUDA with bf16, or a CPU with
+    # AVX512-BF16/AMX), else fp32. Emulated bf16 on an AVX2-only CPU is ~100x slower.
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     compile: bool = False
     threads: int = 0  # torch intra-op threads; 0 = all cores
     device: str = "auto"  # auto | cpu | cuda | cuda:N

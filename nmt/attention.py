@@ -1,0 +1,253 @@
+"""One multi-head attention module with interchangeable backends.
+
+Backends (chosen per call by `resolve_backend`, from the configured name, the device and the
+dtype the projections produced, so that autocast is taken into account):
+
+- ``math``:  the readable reference, softmax(Q K^T / sqrt(d_k)) V with boolean masks and an fp32
+  softmax. A query whose keys are all masked gets a zero output, never NaN.
+- ``sdpa``:  `torch.nn.functional.scaled_dot_product_attention` with the same boolean masks.
+  Causal self-attention over right-padded sequences passes ``is_causal=True`` and no mask: a real
+  query only sees earlier positions, which are all real, so the key padding only changes the
+  (ignored) outputs at padded query positions.
+- ``flash`` (CUDA, fp16/bf16): unpad to packed (total_tokens, heads, d_k) tensors, run
+  `torch.nn.attention.varlen.varlen_attn` with int32 cu_seqlens, re-pad with zeros.
+
+Outputs at padded *query* positions are unspecified (they differ between backends) and must be
+ignored by the caller; outputs at real positions agree between backends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.config import ConfigError
+from nmt.masks import attention_mask_from_padding, causal_mask, decoder_self_mask
+
+BACKENDS = ("auto", "math", "sdpa", "flash")
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def resolve_backend(
+    requested: str, device: torch.device, dtype: torch.dtype, *, dropout: float = 0.0, head_dim: int = 64
+) -> str:
+    """The backend that runs for tensors on `device` in `dtype`: "math", "sdpa" or "flash".
+
+    auto → flash on CUDA with fp16/bf16, else sdpa. An explicit "flash" on a non-CUDA device raises
+    ConfigError. Where the varlen kernel cannot run on CUDA, "flash" and "auto" run sdpa: fp32 (e.g.
+    evaluation without autocast), attention dropout in training (`dropout` > 0; the kernel has none),
+    a head dimension that is not a multiple of 8 or exceeds 256.
+    """
+    if requested not in BACKENDS:
+        raise ConfigError(f"model.attention: unknown backend {requested!r} (use one of {' | '.join(BACKENDS)})")
+    is_cuda = torch.device(device).type == "cuda"
+    if requested == "flash" and not is_cuda:
+        raise ConfigError(
+            f"model.attention: 'flash' needs a CUDA device, but the model runs on {device} (use auto or sdpa)"
+        )
+    if requested in ("math", "sdpa"):
+        return requested
+    if is_cuda and dtype in _HALF and dropout == 0.0 and head_dim % 8 == 0 and head_dim <= 256:
+        return "flash"
+    return "sdpa"
+
+
+# --------------------------------------------------------------------------- dense backends
+
+
+def math_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float = 0.0) -> Tensor:
+    """Reference attention. q (B, H, T, dk), k/v (B, H, S, dk), mask broadcastable to (B, H, T, S)
+    with True = may attend → (B, H, T, dk). Softmax in fp32; fully masked rows give zeros."""
+    scores = torch.matmul(q * (q.size(-1) ** -0.5), k.transpose(-2, -1)).float()  # (B, H, T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    probs = scores.softmax(dim=-1)  # (B, H, T, S)
+    if mask is not None:
+        probs = probs * mask.any(dim=-1, keepdim=True)  # all-masked rows: uniform → zero
+    probs = F.dropout(probs, p=dropout_p, training=dropout_p > 0)
+    return torch.matmul(probs.to(v.dtype), v)  # (B, H, T, dk)
+
+
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float = 0.0) -> Tensor:
+    """`scaled_dot_product_attention` with a boolean mask (True = may attend); a query whose keys
+    are all masked is unmasked for the kernel (which would give NaN) and its output zeroed."""
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+    any_key = mask.any(dim=-1, keepdim=True)  # (B, 1, T|1, 1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~any_key, dropout_p=dropout_p)
+    return out * any_key.to(out.dtype)  # (B, H, T, dk)
+
+
+def dense_mask(key_pad: Tensor | None, causal: bool, t_query: int, device: torch.device) -> Tensor | None:
+    """The boolean attention mask (True = may attend) for the math and sdpa backends."""
+    if causal:
+        return causal_mask(t_query, device)[None, None] if key_pad is None else decoder_self_mask(key_pad)
+    return None if key_pad is None else attention_mask_from_padding(key_pad)  # (B, 1, 1, S)
+
+
+# --------------------------------------------------------------------------- flash (varlen) backend
+
+
+def _load_varlen() -> Callable[..., Tensor]:
+    from torch.nn.attention.varlen import varlen_attn  # torch >= 2.9, CUDA kernels
+
+    return varlen_attn
+
+
+def _unpad_index(pad: Tensor) -> tuple[Tensor, Tensor, int]:
+    """(B, L) padding mask → flat indices of real tokens (N,), cu_seqlens (B+1,) int32, max length."""
+    real = ~pad
+    lengths = real.sum(dim=1, dtype=torch.int32)  # (B,)
+    index = real.flatten().nonzero().squeeze(1)  # (N,)
+    cu = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))  # (B+1,)
+    max_len = int(lengths.max()) if lengths.numel() else 0
+    return index, cu, max_len
+
+
+def flash_attention(
+    q: Tensor, k: Tensor, v: Tensor, query_pad: Tensor | None, key_pad: Tensor | None, causal: bool
+) -> Tensor:
+    """q (B, T, H, dk), k/v (B, S, H, dk) → (B, T, H, dk), zeros at padded query positions and for
+    queries whose keys are all padding. Causal means query i sees keys j <= i (needs T == S)."""
+    B, T, H, dk = q.shape
+    S = k.size(1)
+    if query_pad is None:
+        query_pad = torch.zeros(B, T, dtype=torch.bool, device=q.device)
+    if key_pad is None:
+        key_pad = torch.zeros(B, S, dtype=torch.bool, device=k.device)
+    q_index, cu_q, max_q = _unpad_index(query_pad)
+    if causal or key_pad is query_pad:
+        k_index, cu_k, max_k = q_index, cu_q, max_q
+    else:
+        k_index, cu_k, max_k = _unpad_index(key_pad)
+    q_packed = q.reshape(B * T, H, dk).index_select(0, q_index).contiguous()  # (Nq, H, dk)
+    k_packed = k.reshape(B * S, H, dk).index_select(0, k_index).contiguous()  # (Nk, H, dk)
+    v_packed = v.reshape(B * S, H, dk).index_select(0, k_index).contiguous()  # (Nk, H, dk)
+    window = (-1, 0) if causal else (-1, -1)
+    packed = _load_varlen()(q_packed, k_packed, v_packed, cu_q, cu_k, max_q, max_k, window_size=window)
+    out = q.new_zeros(B * T, H, dk).index_copy(0, q_index, packed.to(q.dtype))  # (B*T, H, dk)
+    out = out.view(B, T, H, dk)
+    has_keys = (~key_pad).any(dim=1)  # (B,)
+    return out * has_keys[:, None, None, None].to(out.dtype)
+
+
+# --------------------------------------------------------------------------- the module
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with a fused [Q; K; V] input projection (one matmul for self-attention;
+    cross-attention uses the Q rows on the queries and the K, V rows on the memory)."""
+
+    def __init__(self, d_model: int, heads: int, dropout: float = 0.0, backend: str = "auto"):
+        super().__init__()
+        if d_model % heads:
+            raise ConfigError(f"model.d_model: {d_model} is not divisible by model.heads={heads}")
+        if backend not in BACKENDS:
+            raise ConfigError(f"model.attention: unknown backend {backend!r}")
+        self.d_model, self.heads, self.d_k = d_model, heads, d_model // heads
+        self.dropout, self.backend = dropout, backend
+        self.in_proj = nn.Linear(d_model, 3 * d_model)  # rows: [W_q; W_k; W_v]
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for chunk in self.in_proj.weight.data.chunk(3, dim=0):  # Xavier per D×D projection
+            nn.init.xavier_uniform_(chunk)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.in_proj.bias)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def _project_q(self, x: Tensor) -> Tensor:
+        D = self.d_model
+        q = F.linear(x, self.in_proj.weight[:D], self.in_proj.bias[:D])  # (B, T, D)
+        return q.view(*x.shape[:2], self.heads, self.d_k)  # (B, T, H, dk)
+
+    def _project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        D = self.d_model
+        kv = F.linear(memory, self.in_proj.weight[D:], self.in_proj.bias[D:])  # (B, S, 2D)
+        k, v = kv.view(*memory.shape[:2], 2, self.heads, self.d_k).unbind(2)
+        return k, v  # (B, S, H, dk) each
+
+    def _backend(self, device: torch.device, dtype: torch.dtype) -> str:
+        dropout = self.dropout if self.training else 0.0
+        return resolve_backend(self.backend, device, dtype, dropout=dropout, head_dim=self.d_k)
+
+    def _dense(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, backend: str) -> Tensor:
+        """q (B, H, T, dk), k/v (B, H, S, dk) → (B, H, T, dk)."""
+        p = self.dropout if self.training else 0.0
+        if backend == "math":
+            return math_attention(q, k, v, mask, p)
+        return sdpa_attention(q, k, v, mask, p)
+
+    def _merge(self, out: Tensor) -> Tensor:
+        """(B, T, H, dk) → output projection (B, T, D)."""
+        return self.out_proj(out.reshape(*out.shape[:2], self.d_model))
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        key_pad: Tensor | None = None,
+        query_pad: Tensor | None = None,
+        causal: bool = False,
+    ) -> Tensor:
+        """Full-sequence attention. x (B, T, D) queries; memory (B, S, D) keys/values for
+        cross-attention, or None for self-attention over x. key_pad (B, S|T) True = pad;
+        query_pad (B, T) (defaults to key_pad for self-attention; only the flash backend needs
+        it). causal: query i sees keys j <= i (self-attention only) → (B, T, D)."""
+        if memory is None:
+            B, T, _ = x.shape
+            qkv = self.in_proj(x).view(B, T, 3, self.heads, self.d_k)  # (B, T, 3, H, dk)
+            q, k, v = qkv.unbind(2)  # (B, T, H, dk) each
+            query_pad = key_pad if query_pad is None else query_pad
+        else:
+            if causal:
+                raise ValueError("causal attention is only defined for self-attention")
+            q = self._project_q(x)
+            k, v = self._project_kv(memory)
+        backend = self._backend(x.device, q.dtype)
+        if backend == "flash":
+            return self._merge(flash_attention(q, k, v, query_pad, key_pad, causal))
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, dk)
+        if backend == "sdpa" and causal:
+            p = self.dropout if self.training else 0.0
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # see module doc
+        else:
+            out = self._dense(q, k, v, dense_mask(key_pad, causal, q.size(2), x.device), backend)
+        return self._merge(out.transpose(1, 2))
+
+    # ----------------------------------------------------------------------- incremental decoding
+
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Cross-attention keys and values of the encoder output, computed once: (B, S, D) →
+        two (B, H, S, dk) tensors for `cross_step`."""
+        k, v = self._project_kv(memory)
+        return k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+
+    def _step_backend(self, x: Tensor) -> str:
+        backend = self._backend(x.device, x.dtype)
+        return "sdpa" if backend == "flash" else backend  # one query per row: no packing to gain
+
+    def self_step(self, x: Tensor, past_k: Tensor | None, past_v: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """One decoding step of self-attention. x (B, 1, D); past_k/v (B, H, t, dk) or None at the
+        first step → (output (B, 1, D), k (B, H, t+1, dk), v (B, H, t+1, dk)). The new token
+        attends to every cached position and itself, so no mask is needed."""
+        B = x.size(0)
+        qkv = self.in_proj(x).view(B, 1, 3, self.heads, self.d_k).transpose(1, 3)  # (B, H, 3, 1, dk)
+        q, k, v = qkv.unbind(2)  # (B, H, 1, dk) each
+        if past_k is not None and past_v is not None:
+            k = torch.cat([past_k, k.to(past_k.dtype)], dim=2)  # (B, H, t+1, dk)
+            v = torch.cat([past_v, v.to(past_v.dtype)], dim=2)
+        out = self._dense(q, k.to(q.dtype), v.to(q.dtype), None, self._step_backend(x))  # (B, H, 1, dk)
+        return self._merge(out.transpose(1, 2)), k, v
+
+    def cross_step(self, x: Tensor, k: Tensor, v: Tensor, key_pad: Tensor) -> Tensor:
+        """One decoding step of cross-attention. x (B, 1, D); k/v (B, H, S, dk) from `memory_kv`;
+        key_pad (B, S) → (B, 1, D)."""
+        q = self._project_q(x).transpose(1, 2)  # (B, H, 1, dk)
+        mask = attention_mask_from_padding(key_pad)  # (B, 1, 1, S)
+        out = self._dense(q, k.to(q.dtype), v.to(q.dtype), mask, self._step_backend(x))
+        return self._merge(out.transpose(1, 2))

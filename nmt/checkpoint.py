@@ -1,0 +1,220 @@
+"""Checkpoints: safetensors weights + trainer state, written atomically; averaging.
+
+A step checkpoint is two files in ``<run>/checkpoints/``:
+
+- ``step_<N>.state.pt``: trainer state (optimizer, scaler, counters, data position, RNG
+  states), ``torch.save`` of plain tensors/ints/floats/lists, loadable with
+  ``weights_only=True``; written first;
+- ``step_<N>.safetensors``: fp32 weights with metadata ``{"config": <resolved yaml>,
+  "step": "N"}``; written last, so its presence (with a state file next to it) marks a
+  complete checkpoint.
+
+Tensors that share storage (tied embeddings) are saved as separate copies because
+safetensors refuses shared tensors; ``model.load_state_dict`` copies into the tied
+parameter, so the tie survives a round trip.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+import yaml
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from nmt.config import Config, ConfigError, config_from_dict, config_to_yaml
+from nmt.errors import NmtError
+from nmt.runs import atomic_path
+
+STEP_RE = re.compile(r"^step_(\d+)\.safetensors$")
+STATE_RE = re.compile(r"^step_(\d+)\.state\.pt$")
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain model inside DDP / torch.compile wrappers."""
+    while True:
+        if hasattr(model, "module") and isinstance(model.module, nn.Module):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def state_path(weights: Path) -> Path:
+    """step_<N>.safetensors → step_<N>.state.pt"""
+    weights = Path(weights)
+    return weights.with_name(weights.name.removesuffix(".safetensors") + ".state.pt")
+
+
+def _plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, t in unwrap(model).state_dict().items():
+        t = t.detach().to("cpu", torch.float32 if t.is_floating_point() else t.dtype)
+        key = t.untyped_storage().data_ptr()
+        if key in seen or not t.is_contiguous():
+            t = t.clone().contiguous()
+        seen.add(key)
+        out[name] = t
+    return out
+
+
+def save_weights(path: Path, tensors: dict[str, torch.Tensor], config: Config, step: int, **meta: str) -> Path:
+    """Write a safetensors file atomically with the config and step in its metadata."""
+    metadata = {"config": config_to_yaml(config), "step": str(step), **meta}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+    return Path(path)
+
+
+def save_checkpoint(
+    ckpt_dir: Path, step: int, model: nn.Module, trainer_state: dict, config: Config, keep_last: int
+) -> Path:
+    """Write step_<N>.state.pt then step_<N>.safetensors; prune to the newest `keep_last`."""
+    ckpt_dir = Path(ckpt_dir)
+    weights = ckpt_dir / f"step_{step}.safetensors"
+    with atomic_path(state_path(weights)) as tmp:
+        torch.save(trainer_state, tmp)
+    save_weights(weights, _plain_state_dict(model), config, step)
+    prune(ckpt_dir, keep_last)
+    return weights
+
+
+def save_best(ckpt_dir: Path, model: nn.Module, config: Config, step: int, bleu: float) -> Path:
+    return save_weights(Path(ckpt_dir) / "best.safetensors", _plain_state_dict(model), config, step, bleu=f"{bleu:.4f}")
+
+
+def step_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    """All step_<N>.safetensors files, oldest first (complete or not)."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := STEP_RE.match(p.name))]
+    return sorted(found)
+
+
+def is_complete(weights: Path) -> bool:
+    """Weights with a readable header and a non-empty state file next to them."""
+    state = state_path(weights)
+    if not state.is_file() or state.stat().st_size == 0:
+        return False
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            return "step" in (f.metadata() or {})
+    except Exception:  # noqa: BLE001 — any unreadable header means incomplete
+        return False
+
+
+def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """Complete step checkpoints, newest first."""
+    return [p for _, p in reversed(step_checkpoints(ckpt_dir)) if is_complete(p)]
+
+
+def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    """Newest complete step_<N>.safetensors, or None."""
+    found = complete_checkpoints(ckpt_dir)
+    return found[0] if found else None
+
+
+def prune(ckpt_dir: Path, keep_last: int) -> None:
+    """Delete all but the newest `keep_last` step checkpoints, and orphan older state files."""
+    steps = step_checkpoints(ckpt_dir)
+    for _, weights in steps[:-keep_last]:
+        for p in (weights, state_path(weights)):  # weights first: a lone state is never "complete"
+            p.unlink(missing_ok=True)
+    if not steps:
+        return
+    for p in Path(ckpt_dir).glob("step_*.state.pt"):
+        m = STATE_RE.match(p.name)
+        if m and int(m.group(1)) < steps[-1][0] and not p.with_name(f"step_{m.group(1)}.safetensors").exists():
+            p.unlink(missing_ok=True)
+
+
+def clear_checkpoints(ckpt_dir: Path) -> None:
+    """Remove every checkpoint file (for `restart`)."""
+    ckpt_dir = Path(ckpt_dir)
+    if ckpt_dir.is_dir():
+        for p in ckpt_dir.iterdir():
+            if p.is_file() and (p.suffix in (".safetensors", ".pt") or p.name.endswith(".tmp")):
+                p.unlink()
+
+
+def find_inference_checkpoint(run_dir: Path) -> Path:
+    """final.safetensors > best.safetensors > newest complete step checkpoint."""
+    ckpt_dir = Path(run_dir) / "checkpoints"
+    for name in ("final.safetensors", "best.safetensors"):
+        if (ckpt_dir / name).is_file():
+            return ckpt_dir / name
+    latest = latest_checkpoint(ckpt_dir)
+    if latest is None:
+        raise NmtError(f"{ckpt_dir}: no checkpoint found (train first: nmt train)")
+    return latest
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    path = Path(path)
+    if not path.is_file():
+        raise NmtError(f"{path}: checkpoint not found")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except Exception as e:  # noqa: BLE001
+        raise NmtError(f"{path}: not a readable safetensors checkpoint ({e})") from None
+
+
+def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], Config]:
+    """State dict and the config stored in the checkpoint's metadata."""
+    meta = read_metadata(path)
+    if "config" not in meta:
+        raise NmtError(f"{path}: checkpoint has no config in its metadata (not written by nmt)")
+    try:
+        config = config_from_dict(yaml.safe_load(meta["config"]) or {}, source=f"{path}:config")
+    except (yaml.YAMLError, ConfigError) as e:
+        raise NmtError(f"{path}: stored config is invalid ({e})") from None
+    return load_file(str(path)), config
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(read_metadata(path).get("step", "0"))
+
+
+def load_trainer_state(weights: Path) -> dict:
+    """The trainer state saved next to `weights` (weights_only: no arbitrary code)."""
+    path = state_path(weights)
+    if not path.is_file():
+        raise NmtError(f"{path}: trainer state missing")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def average_checkpoints(paths: list[Path], out: Path) -> Path:
+    """Element-wise fp32 mean of the weights; config and step of the last path."""
+    if not paths:
+        raise NmtError("average_checkpoints: no checkpoints given")
+    total: dict[str, torch.Tensor] = {}
+    for p in paths:
+        tensors, config = load_weights(p)
+        if total and tensors.keys() != total.keys():
+            raise NmtError(f"{p}: parameters differ from {paths[0]} (different models cannot be averaged)")
+        for k, t in tensors.items():
+            t = t.float() if t.is_floating_point() else t
+            if k not in total:
+                total[k] = t.clone()
+            elif t.is_floating_point():
+                total[k] += t
+    averaged = {k: (t / len(paths) if t.is_floating_point() else t) for k, t in total.items()}
+    names = ",".join(Path(p).name for p in paths)
+    return save_weights(Path(out), averaged, config, checkpoint_step(paths[-1]), averaged=names)
+
+
+def average_last(run_dir: Path, last: int, out: Path | None = None) -> Path:
+    """Average the newest `last` complete step checkpoints of a run (default out:
+    ``checkpoints/averaged.safetensors``)."""
+    ckpt_dir = Path(run_dir) / "checkpoints"
+    newest = complete_checkpoints(ckpt_dir)[:last]
+    if not newest:
+        raise NmtError(f"{ckpt_dir}: no step checkpoints to average (train first: nmt train)")
+    return average_checkpoints(list(reversed(newest)), Path(out) if out else ckpt_dir / "averaged.safetensors")

@@ -1,0 +1,116 @@
+"""torch.distributed setup and teardown, rank helpers: the one place for both.
+
+A process started by ``torchrun`` has RANK, WORLD_SIZE and LOCAL_RANK (and MASTER_ADDR,
+MASTER_PORT) in its environment; everything else runs as a single process, world size 1,
+and every helper here degrades to a no-op.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from nmt.errors import NmtError
+
+TIMEOUT = datetime.timedelta(minutes=30)
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def env_info() -> DistInfo:
+    """Rank layout from the torchrun environment variables (world size 1 without them)."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        local = int(os.environ.get("LOCAL_RANK", str(rank)))
+    except ValueError:
+        raise NmtError("RANK/WORLD_SIZE/LOCAL_RANK must be integers (set by torchrun)") from None
+    if world < 1 or not 0 <= rank < world:
+        raise NmtError(f"RANK={rank} WORLD_SIZE={world}: invalid distributed environment")
+    return DistInfo(rank, world, local)
+
+
+def init_distributed(device: torch.device) -> tuple[DistInfo, torch.device]:
+    """Join the process group when WORLD_SIZE > 1: NCCL on CUDA, gloo on CPU.
+
+    Returns the rank layout and the device this rank should use (cuda:LOCAL_RANK on GPUs).
+    """
+    info = env_info()
+    if info.world_size == 1:
+        return info, device
+    if device.type == "cuda":
+        device = torch.device("cuda", info.local_rank)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend=backend, timeout=TIMEOUT, **kwargs)
+    return info, device
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum over ranks, in place; returns the tensor."""
+    if is_distributed():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    if is_distributed():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+    if is_distributed():
+        dist.broadcast(tensor, src=src)
+    return tensor
+
+
+def teardown() -> None:
+    """Leave the process group (safe to call when none was joined)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def launch_with_torchrun(nproc: int, argv: list[str]) -> int:
+    """Re-run this command line as `nproc` processes on this machine via torchrun; exit code."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return subprocess.call([*cmd, "-m", "nmt", *argv])

@@ -1,0 +1,85 @@
+"""Training objective and optimisation: label-smoothed cross-entropy, AdamW, LR schedules."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nmt import PAD_ID
+from nmt.config import TrainConfig
+from nmt.errors import NmtError
+
+
+def label_smoothed_nll(
+    logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int = PAD_ID
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Summed label-smoothed cross-entropy over non-pad target positions.
+
+    logits (B, T, V), target (B, T). With p = softmax(logits) in fp32, per position:
+
+        loss = (1 - ε) · (-log p[y]) + ε · mean_v(-log p[v])
+
+    i.e. the smoothing mass ε is spread uniformly over all V classes (the same definition as
+    ``F.cross_entropy(label_smoothing=ε)``). Returns (loss sum, plain NLL sum, token count);
+    divide by the token count for the per-token loss (the NLL gives the perplexity).
+    """
+    lprobs = F.log_softmax(logits.float(), dim=-1).flatten(0, -2)  # (B*T, V)
+    target = target.reshape(-1)
+    mask = target != ignore_index
+    lprobs, target = lprobs[mask], target[mask]
+    nll = -lprobs.gather(1, target.unsqueeze(1)).squeeze(1)  # (N,)
+    smooth = -lprobs.mean(dim=-1)  # (N,)
+    loss = (1.0 - epsilon) * nll + epsilon * smooth
+    return loss.sum(), nll.detach().sum(), int(mask.sum())
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Multiplier of ``train.lr`` for optimizer update number `step` (1-based).
+
+    - ``inverse_sqrt``: ``min(step / warmup, sqrt(warmup / step))`` — linear warm-up to the
+      peak at ``step == warmup``, then decay ∝ 1/sqrt(step) (Vaswani et al., 2017, §5.3,
+      with the peak set by ``train.lr`` instead of d_model^-0.5). ``warmup = 0`` is treated
+      as 1, i.e. no warm-up and 1/sqrt(step) decay.
+    - ``cosine``: linear warm-up over ``warmup`` steps, then half a cosine from ``lr`` down
+      to ``min_lr`` at ``max_steps``; ``min_lr`` after that.
+    """
+    step = max(step, 1)
+    warmup = max(cfg.warmup, 1)
+    if cfg.schedule == "inverse_sqrt":
+        return min(step / warmup, math.sqrt(warmup / step))
+    if cfg.max_steps <= 0:
+        raise NmtError("train.schedule: cosine needs train.max_steps > 0 (it decays to min_lr at max_steps)")
+    if step < warmup:
+        return step / warmup
+    floor = cfg.min_lr / cfg.lr
+    span = max(cfg.max_steps - warmup, 1)
+    progress = min((step - warmup) / span, 1.0)
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def learning_rate(step: int, cfg: TrainConfig) -> float:
+    return cfg.lr * lr_factor(step, cfg)
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; weight decay only on matrices (not on biases, norms or 1-d parameters)."""
+    decay, no_decay = [], []
+    seen: set[int] = set()
+    for p in model.parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=learning_rate(1, cfg), betas=cfg.betas, eps=cfg.eps)

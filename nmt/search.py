@@ -1,0 +1,282 @@
+"""Batched greedy and beam search over the decoder's KV cache.
+
+Both searches drive any model with the decoding protocol of `nmt.model.Transformer`:
+
+    enc = model.encode(src)                 # src (B, S): ids + [EOS], right-padded with PAD
+    state = model.start_decoding(enc)       # cross-attention K/V computed once
+    logits = model.decode_step(tok, state)  # tok (R,) → (R, V) fp32 logits; appends to the cache
+    state.reorder(index)                    # index_select on the row dim, in place (may expand)
+
+Lengths. `src_len` is the number of source pieces (non-PAD ids, without the EOS). The output
+of sentence b has at most `max_len[b] = floor(max_len_a * src_len + max_len_b)` tokens before
+its EOS (capped at `max_positions - 1` when the model exposes `max_positions`), and at least
+`min_len` (EOS is forbidden before; `max_len` wins when the two conflict). PAD and BOS are
+never generated. Outputs exclude BOS and EOS.
+
+Beam scores are fairseq-style: a finished hypothesis with summed log-probability `S` and
+length `L` (its tokens *plus* the EOS) scores `S / L**len_penalty`; `len_penalty=0` ranks by
+`S` alone, larger values favour longer outputs. A sentence stops when it holds `beam` finished
+hypotheses (fairseq's criterion; only EOS candidates ranked within the top `beam` of a step
+are finished) or when it reaches its `max_len`, where every open beam is closed with EOS.
+With that criterion `beam=1` yields exactly the greedy output.
+
+Every step is vectorised over the whole batch (sentences × beams in one tensor); the only
+per-sentence Python work is collecting a sentence's results once, when it is done. Sentences
+that are done are dropped from the batch (`state.reorder`), so they stop costing compute.
+Results do not depend on the other sentences in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nmt import BOS_ID, EOS_ID, PAD_ID
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class Hypothesis:
+    """One finished translation: piece ids without BOS/EOS, its search score and log-probability."""
+
+    tokens: list[int]
+    score: float  # logprob / (len(tokens) + 1) ** len_penalty
+    logprob: float  # sum of token log-probabilities, EOS included
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+def model_max_positions(model: Any) -> int | None:
+    """The decoder's position limit, if the model exposes one (`max_positions` or `cfg.max_positions`)."""
+    for owner in (model, getattr(model, "cfg", None), getattr(model, "config", None)):
+        value = getattr(owner, "max_positions", None) if owner is not None else None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def max_lengths(model: Any, src: Tensor, max_len_a: float, max_len_b: float) -> Tensor:
+    """(B,) long: the most output tokens (EOS excluded) allowed for each sentence of `src` (B, S)."""
+    src_len = ((src != PAD_ID).sum(dim=1) - 1).clamp(min=0).double()  # (B,) pieces without EOS
+    limit = (max_len_a * src_len + max_len_b).floor().long()
+    cap = model_max_positions(model)
+    if cap is not None:
+        limit = limit.clamp(max=cap - 1)  # BOS + max_len inputs fit in max_positions
+    return limit.clamp(min=0)
+
+
+def constrain(lp: Tensor, step: int, min_len: int, max_len: Tensor) -> Tensor:
+    """Apply the length rules to log-probs `lp` (R, V) of the token at output position `step`.
+
+    `max_len` (R,) is each row's limit: a row with `step >= max_len` can only emit EOS.
+    """
+    eos_lp = lp[:, EOS_ID].clone()  # (R,)
+    lp[:, PAD_ID] = NEG_INF
+    lp[:, BOS_ID] = NEG_INF
+    if step < min_len:
+        lp[:, EOS_ID] = NEG_INF
+    force = step >= max_len  # (R,)
+    if bool(force.any()):
+        lp[force] = NEG_INF
+        lp[force, EOS_ID] = eos_lp[force]
+    return lp
+
+
+def block_repeated_ngrams(lp: Tensor, hist: Tensor, n: int) -> Tensor:
+    """Forbid tokens that would repeat an n-gram already in each row's history.
+
+    lp (R, V) log-probs; hist (R, t) generated tokens so far (no BOS).
+    """
+    t = hist.size(1)
+    if n <= 0 or t < n:
+        return lp
+    grams = hist.unfold(1, n, 1)  # (R, G, n), G = t - n + 1
+    tail = hist[:, t - n + 1 :] if n > 1 else hist[:, :0]  # (R, n-1)
+    match = (grams[:, :, :-1] == tail.unsqueeze(1)).all(dim=-1)  # (R, G)
+    banned = torch.where(match, grams[:, :, -1], torch.full_like(grams[:, :, -1], PAD_ID))  # (R, G)
+    return lp.scatter(1, banned, NEG_INF)
+
+
+def _log_probs(model: Any, tokens: Tensor, state: Any) -> Tensor:
+    logits = model.decode_step(tokens, state)  # (R, V)
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+# --------------------------------------------------------------------------- greedy
+
+
+@torch.inference_mode()
+def greedy_search(
+    model: Any, src: Tensor, max_len_a: float = 1.5, max_len_b: float = 10, min_len: int = 1
+) -> list[list[int]]:
+    """Most probable next token at every step, for a batch `src` (B, S). Returns B token lists."""
+    B = src.size(0)
+    max_len = max_lengths(model, src, max_len_a, max_len_b)  # (B,)
+    steps = int(max_len.max().item()) + 1 if B else 0
+    out = torch.full((B, steps), PAD_ID, dtype=torch.long, device=src.device)  # (B, T)
+    state = model.start_decoding(model.encode(src))
+    rows = torch.arange(B, device=src.device)  # original index of each live row
+    tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=src.device)  # (R,)
+    for t in range(steps):
+        lp = constrain(_log_probs(model, tokens, state), t, min_len, max_len[rows])  # (R, V)
+        tokens = lp.argmax(dim=-1)  # (R,)
+        out[rows, t] = tokens
+        live = tokens != EOS_ID  # (R,)
+        if not bool(live.all()):
+            if not bool(live.any()):
+                break
+            keep = live.nonzero().squeeze(1)
+            state.reorder(keep)
+            rows, tokens = rows[keep], tokens[keep]
+    return [_strip(seq) for seq in out.tolist()]
+
+
+def _strip(seq: list[int]) -> list[int]:
+    """Tokens up to (not including) the first EOS or PAD."""
+    for i, tok in enumerate(seq):
+        if tok in (EOS_ID, PAD_ID):
+            return seq[:i]
+    return seq
+
+
+# --------------------------------------------------------------------------- beam
+
+
+@dataclass
+class _Finished:
+    """The best `beam` finished hypotheses of each live sentence (score -inf = empty slot)."""
+
+    score: Tensor  # (N, K) normalised score
+    logprob: Tensor  # (N, K)
+    tokens: Tensor  # (N, K, T) tokens, PAD after the end
+    length: Tensor  # (N, K) tokens without EOS
+
+    def select(self, keep: Tensor) -> _Finished:
+        return _Finished(self.score[keep], self.logprob[keep], self.tokens[keep], self.length[keep])
+
+
+def _add_finished(fin: _Finished, new_score: Tensor, new_logprob: Tensor, new_tokens: Tensor, step: int) -> _Finished:
+    """Merge new EOS hypotheses (N, K) of length `step` into `fin`, keeping the best K (stable)."""
+    K = fin.score.size(1)
+    score = torch.cat([fin.score, new_score], dim=1)  # (N, 2K)
+    order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :K]  # (N, K)
+    logprob = torch.cat([fin.logprob, new_logprob], dim=1).gather(1, order)
+    length = torch.cat([fin.length, torch.full_like(fin.length, step)], dim=1).gather(1, order)
+    tokens = torch.cat([fin.tokens, new_tokens], dim=1)  # (N, 2K, T)
+    tokens = tokens.gather(1, order.unsqueeze(-1).expand(-1, -1, tokens.size(2)))
+    return _Finished(score.gather(1, order), logprob, tokens, length)
+
+
+def _collect(fin: _Finished, n: int, nbest: int) -> list[Hypothesis]:
+    """The n-best of live sentence `n`, best first."""
+    out = []
+    for k in range(fin.score.size(1)):  # already sorted, best first
+        score = float(fin.score[n, k])
+        if score == NEG_INF or len(out) == nbest:
+            break
+        length = int(fin.length[n, k])
+        out.append(Hypothesis(fin.tokens[n, k, :length].tolist(), score, float(fin.logprob[n, k])))
+    return out
+
+
+@torch.inference_mode()
+def beam_search(
+    model: Any,
+    src: Tensor,
+    beam: int = 5,
+    nbest: int = 1,
+    len_penalty: float = 1.0,
+    max_len_a: float = 1.5,
+    max_len_b: float = 10,
+    min_len: int = 1,
+    no_repeat_ngram: int = 0,
+) -> list[list[Hypothesis]]:
+    """Beam search for a batch `src` (B, S); returns, per sentence, up to `nbest` hypotheses, best first."""
+    if beam < 1 or not 1 <= nbest <= beam:
+        raise ValueError(f"need beam >= 1 and 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
+    B, K, dev = src.size(0), beam, src.device
+    max_len = max_lengths(model, src, max_len_a, max_len_b)  # (B,)
+    steps = int(max_len.max().item()) + 1 if B else 0
+    state = model.start_decoding(model.encode(src))
+    state.reorder(torch.arange(B, device=dev).repeat_interleave(K))  # rows b*K + k
+    sent = torch.arange(B, device=dev)  # original index of each live sentence (N,)
+    scores = torch.full((B, K), NEG_INF, device=dev)
+    scores[:, 0] = 0.0  # one open beam at the start, so the first step has no duplicates
+    hist = torch.full((B * K, steps), PAD_ID, dtype=torch.long, device=dev)  # (N*K, T)
+    tokens = torch.full((B * K,), BOS_ID, dtype=torch.long, device=dev)  # (N*K,)
+    fin = _Finished(
+        torch.full((B, K), NEG_INF, device=dev),
+        torch.zeros(B, K, device=dev),
+        torch.full((B, K, steps), PAD_ID, dtype=torch.long, device=dev),
+        torch.zeros(B, K, dtype=torch.long, device=dev),
+    )
+    results: list[list[Hypothesis]] = [[] for _ in range(B)]
+    for t in range(steps):
+        N = sent.size(0)
+        row_max = max_len[sent].repeat_interleave(K)  # (N*K,)
+        lp = constrain(_log_probs(model, tokens, state), t, min_len, row_max)  # (N*K, V)
+        lp = block_repeated_ngrams(lp, hist[:, :t], no_repeat_ngram)
+        V = lp.size(1)
+        cand = (scores.view(-1, 1) + lp).view(N, K * V)  # (N, K*V)
+        top_score, top_idx = cand.topk(min(2 * K, K * V), dim=1)  # (N, 2K)
+        top_beam, top_tok = top_idx // V, top_idx % V
+        fin = _finish_eos(fin, top_score[:, :K], top_beam[:, :K], top_tok[:, :K], hist, t, len_penalty)
+        scores, flat, tokens = _next_beams(top_score, top_beam, top_tok, K)
+        hist = hist[flat]
+        hist[:, t] = tokens
+        state.reorder(flat)
+        full = torch.isfinite(fin.score).sum(dim=1) >= K  # (N,)
+        stuck = ~torch.isfinite(scores).any(dim=1)  # every open beam was closed by the rules
+        done = full | stuck | (t >= max_len[sent])
+        if bool(done.any()):
+            for n in done.nonzero().squeeze(1).tolist():
+                results[int(sent[n])] = _collect(fin, n, nbest)
+            keep = (~done).nonzero().squeeze(1)  # (N',)
+            if keep.numel() == 0:
+                break
+            rows = (keep.unsqueeze(1) * K + torch.arange(K, device=dev)).view(-1)  # (N'*K,)
+            state.reorder(rows)
+            sent, scores, fin = sent[keep], scores[keep], fin.select(keep)
+            hist, tokens = hist[rows], tokens[rows]
+    return results
+
+
+def _finish_eos(
+    fin: _Finished, score: Tensor, beam_idx: Tensor, tok: Tensor, hist: Tensor, step: int, len_penalty: float
+) -> _Finished:
+    """Store the EOS candidates among the top K of this step (all (N, K)) as finished hypotheses."""
+    is_eos = (tok == EOS_ID) & torch.isfinite(score)  # (N, K)
+    if not bool(is_eos.any()):
+        return fin
+    N, K = score.shape
+    norm = score / float(step + 1) ** len_penalty  # length counts the EOS
+    new_score = torch.where(is_eos, norm, torch.full_like(norm, NEG_INF))
+    rows = (torch.arange(N, device=score.device).unsqueeze(1) * K + beam_idx).view(-1)  # (N*K,)
+    new_tokens = hist[rows].view(N, K, -1).clone()  # (N, K, T)
+    new_tokens[:, :, step:] = PAD_ID
+    return _add_finished(fin, new_score, score, new_tokens, step)
+
+
+def _next_beams(top_score: Tensor, top_beam: Tensor, top_tok: Tensor, K: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The best K non-EOS candidates of each sentence, in rank order.
+
+    top_* are (N, 2K), sorted by score. Returns scores (N, K), the flat source row of each new
+    beam (N*K,) and its new token (N*K,).
+    """
+    N, C = top_score.shape
+    open_ = (top_tok != EOS_ID) & torch.isfinite(top_score)  # (N, 2K)
+    rank_key = open_.long() * (C - torch.arange(C, device=top_score.device))  # earlier rank → larger
+    pick = rank_key.topk(K, dim=1).indices  # (N, K): open candidates first, in rank order
+    scores = top_score.gather(1, pick)
+    scores = torch.where(open_.gather(1, pick), scores, torch.full_like(scores, NEG_INF))
+    beam_idx = top_beam.gather(1, pick)
+    flat = (torch.arange(N, device=top_score.device).unsqueeze(1) * K + beam_idx).view(-1)
+    tokens = top_tok.gather(1, pick).view(-1)
+    # a closed slot (no open candidate left) gets PAD so it never looks like EOS to the n-gram rule
+    tokens = torch.where(torch.isfinite(scores.view(-1)), tokens, torch.full_like(tokens, PAD_ID))
+    return scores, flat, tokens

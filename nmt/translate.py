@@ -1,0 +1,271 @@
+"""Translator: Chinese text in, English text out, with a trained run's model and vocabularies.
+
+Every input line goes through `nmt.corpus.normalize_source` (NFKC, Traditional→Simplified...,
+exactly what training did to the source side), the source SentencePiece model, and at most
+`model.max_positions - 1` pieces (+ EOS; longer lines are truncated with one warning on stderr
+naming the line number). Blank lines give empty outputs without reaching the model.
+
+Lines are decoded in length-sorted batches bounded by `decode.max_tokens` (padded source
+tokens) and `decode.batch_size` (sentences); outputs come back in input order. `beam=1` with
+`nbest=1` uses greedy search (the same output as a beam of one, faster).
+
+N-best: `translate_nbest` returns each input's hypotheses as `(text, score)` lists, best first.
+`translate` and `translate_stream` return one string per input; with `nbest > 1` that string
+holds the n hypotheses joined by "\n" (best first), which is what `nmt translate --nbest`
+prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt import BOS_ID, EOS_ID, PAD_ID
+from nmt.config import Config, load_config
+from nmt.device import autocast, check_precision, resolve_device
+from nmt.errors import NmtError
+from nmt.search import beam_search, greedy_search
+
+CHUNK_LINES = 2000  # lines read ahead (and sorted by length) by translate_stream
+
+
+@dataclass
+class DecodeStats:
+    """Counters of the decoding work done (accumulated until `reset`)."""
+
+    sentences: int = 0  # non-empty lines sent to the model
+    src_tokens: int = 0  # source pieces, EOS included
+    tgt_tokens: int = 0  # pieces of the best hypotheses, EOS excluded
+    seconds: float = 0.0  # wall time inside the model's searches
+
+    def reset(self) -> None:
+        self.sentences = self.src_tokens = self.tgt_tokens = 0
+        self.seconds = 0.0
+
+
+class Translator:
+    """A model, its source/target tokenizers, the config it was trained with, and a device."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        src_tok: Any,
+        tgt_tok: Any,
+        config: Config,
+        device: torch.device | str = "cpu",
+        precision: str = "fp32",
+        checkpoint: Path | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        check_precision(self.device, precision)
+        self.model = model.to(self.device).eval()
+        self.src_tok, self.tgt_tok, self.config = src_tok, tgt_tok, config
+        self.precision, self.checkpoint = precision, checkpoint
+        self.max_src_pieces = config.model.max_positions - 1  # + EOS
+        self.stats = DecodeStats()
+
+    @classmethod
+    def from_run(
+        cls,
+        run_dir: Path,
+        checkpoint: Path | None = None,
+        device: str = "auto",
+        precision: str = "fp32",
+        config: Config | None = None,
+    ) -> Translator:
+        """Load `checkpoint` (default: final > best > latest of the run) with the run's vocabularies.
+
+        The architecture comes from the checkpoint's stored config; the rest (data
+        normalisation, decode settings) from `config`, else `<run>/config.yaml`, else the checkpoint.
+        """
+        from nmt.checkpoint import find_inference_checkpoint, load_weights
+        from nmt.model import build_model
+        from nmt.vocab import load_tokenizers
+
+        run_dir = Path(run_dir)
+        path = Path(checkpoint) if checkpoint is not None else find_inference_checkpoint(run_dir)
+        state, stored = load_weights(path)
+        saved = run_dir / "config.yaml"
+        if config is None:
+            config = load_config(saved) if saved.is_file() else stored
+        config = dataclasses.replace(config, model=dataclasses.replace(stored.model))
+        dev = resolve_device(device)
+        if config.model.attention == "flash" and dev.type != "cuda":
+            config.model.attention = "auto"  # trained with flash on a GPU, decoded elsewhere
+        src_tok, tgt_tok = load_tokenizers(run_dir, config)
+        model = build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as e:
+            first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
+            raise NmtError(f"{path}: does not fit the vocabularies in {run_dir / 'vocab'} ({first})") from None
+        return cls(model, src_tok, tgt_tok, config, dev, precision, path)
+
+    # ----------------------------------------------------------------------- public API
+
+    def translate(
+        self, lines: list[str], beam: int | None = None, nbest: int = 1, len_penalty: float | None = None
+    ) -> list[str]:
+        """One output string per input line (n-best joined by "\\n" when nbest > 1)."""
+        return list(self.translate_stream(lines, beam=beam, nbest=nbest, len_penalty=len_penalty))
+
+    def translate_nbest(
+        self, lines: list[str], beam: int | None = None, nbest: int | None = None, len_penalty: float | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """Up to `nbest` (default decode.nbest) `(text, score)` pairs per line, best first; [] for blank lines."""
+        return self._translate_chunk(list(lines), 1, beam, nbest or self.config.decode.nbest, len_penalty)
+
+    def translate_stream(
+        self,
+        lines: Iterable[str],
+        beam: int | None = None,
+        nbest: int = 1,
+        len_penalty: float | None = None,
+        chunk_lines: int = CHUNK_LINES,
+    ) -> Iterator[str]:
+        """Translate an iterable of lines (e.g. a file or stdin), `chunk_lines` at a time, in input order."""
+        first, chunk = 1, []
+        for line in lines:
+            chunk.append(line.rstrip("\r\n"))
+            if len(chunk) >= chunk_lines:
+                yield from self._join(self._translate_chunk(chunk, first, beam, nbest, len_penalty))
+                first, chunk = first + len(chunk), []
+        if chunk:
+            yield from self._join(self._translate_chunk(chunk, first, beam, nbest, len_penalty))
+
+    # ----------------------------------------------------------------------- internals
+
+    @staticmethod
+    def _join(results: list[list[tuple[str, float]]]) -> Iterator[str]:
+        for hyps in results:
+            yield "\n".join(text for text, _ in hyps) if hyps else ""
+
+    def encode_sources(self, lines: list[str], first_line: int = 1) -> list[list[int]]:
+        """Normalised, tokenised, truncated source pieces (no EOS) for each line; [] for blank lines."""
+        from nmt.corpus import normalize_source
+
+        texts = [normalize_source(line, self.config.data) for line in lines]
+        keep = [i for i, t in enumerate(texts) if t]
+        ids: list[list[int]] = [[] for _ in lines]
+        for i, seq in zip(keep, self.src_tok.encode_batch([texts[i] for i in keep]), strict=True):
+            if len(seq) > self.max_src_pieces:
+                print(
+                    f"warning: line {first_line + i}: {len(seq)} source pieces, truncated to "
+                    f"{self.max_src_pieces} (model.max_positions={self.max_src_pieces + 1})",
+                    file=sys.stderr,
+                )
+                seq = seq[: self.max_src_pieces]
+            ids[i] = list(seq)
+        return ids
+
+    def batches(self, ids: list[list[int]]) -> list[list[int]]:
+        """Indices of the non-empty sequences, longest first, grouped under the decode batch limits."""
+        d = self.config.decode
+        order = sorted((i for i, s in enumerate(ids) if s), key=lambda i: -len(ids[i]))
+        out: list[list[int]] = []
+        for i in order:
+            if out:
+                width = len(ids[out[-1][0]]) + 1  # the batch's first (longest) source + EOS
+                if len(out[-1]) < d.batch_size and (len(out[-1]) + 1) * width <= d.max_tokens:
+                    out[-1].append(i)
+                    continue
+            out.append([i])
+        return out
+
+    def _translate_chunk(
+        self, lines: list[str], first_line: int, beam: int | None, nbest: int, len_penalty: float | None
+    ) -> list[list[tuple[str, float]]]:
+        d = self.config.decode
+        beam = d.beam if beam is None else beam
+        lp = d.len_penalty if len_penalty is None else len_penalty
+        if beam < 1 or not 1 <= nbest <= beam:
+            raise NmtError(f"--nbest {nbest} must be between 1 and the beam size ({beam})")
+        ids = self.encode_sources(lines, first_line)
+        results: list[list[tuple[str, float]]] = [[] for _ in lines]
+        for group in self.batches(ids):
+            hyps = self._search([ids[i] for i in group], beam, nbest, lp)
+            for i, h in zip(group, hyps, strict=True):
+                results[i] = [(self.tgt_tok.decode(_clean(tokens)), s) for tokens, s in h]
+        return results
+
+    def _search(self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float) -> list[list[tuple]]:
+        """Decode one batch of source sequences; returns (tokens, score) lists, best first."""
+        d = self.config.decode
+        width = max(len(s) for s in seqs) + 1
+        src = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)  # (B, S)
+        for row, s in enumerate(seqs):
+            src[row, : len(s) + 1] = torch.tensor([*s, EOS_ID])
+        src = src.to(self.device)
+        start = time.perf_counter()
+        with torch.inference_mode(), autocast(self.device, self.precision):
+            if beam == 1 and nbest == 1:
+                out = greedy_search(self.model, src, d.max_len_a, d.max_len_b, d.min_len)
+                found = [[(tokens, 0.0)] for tokens in out]
+            else:
+                hyps = beam_search(
+                    self.model, src, beam, nbest, len_penalty, d.max_len_a, d.max_len_b, d.min_len, d.no_repeat_ngram
+                )
+                found = [[(h.tokens, h.score) for h in row] for row in hyps]
+        self.stats.seconds += time.perf_counter() - start
+        self.stats.sentences += len(seqs)
+        self.stats.src_tokens += sum(len(s) + 1 for s in seqs)
+        self.stats.tgt_tokens += sum(len(f[0][0]) for f in found if f)
+        return found
+
+
+def _clean(tokens: list[int]) -> list[int]:
+    """Drop special ids that must not reach the detokeniser (BOS/EOS/PAD)."""
+    return [t for t in tokens if t not in (PAD_ID, BOS_ID, EOS_ID)]
+
+
+# --------------------------------------------------------------------------- CLI helper
+
+
+def translate_to(
+    texts: list[str] | None = None,
+    input_path: Path | None = None,
+    output_path: Path | None = None,
+    run_dir: Path | None = None,
+    checkpoint: Path | None = None,
+    beam: int | None = None,
+    nbest: int = 1,
+    len_penalty: float | None = None,
+    device: str = "auto",
+    precision: str = "fp32",
+) -> int:
+    """`nmt translate`: arguments, a file or stdin → stdout or a file (written atomically). Returns lines written."""
+    from nmt.runs import atomic_path, resolve_run
+
+    _, run = resolve_run(None, str(run_dir) if run_dir is not None else None)
+    translator = Translator.from_run(run, checkpoint=checkpoint, device=device, precision=precision)
+    if texts:
+        outputs: Iterable[str] = translator.translate_stream(texts, beam, nbest, len_penalty)
+        return _emit(outputs, output_path, atomic_path)
+    if input_path is not None:
+        if not Path(input_path).is_file():
+            raise NmtError(f"{input_path}: input file not found")
+        with open(input_path, encoding="utf-8", errors="replace") as f:
+            return _emit(translator.translate_stream(f, beam, nbest, len_penalty), output_path, atomic_path)
+    chunk = 1 if sys.stdin.isatty() else CHUNK_LINES  # interactive: answer each line at once
+    return _emit(translator.translate_stream(sys.stdin, beam, nbest, len_penalty, chunk), output_path, atomic_path)
+
+
+def _emit(outputs: Iterable[str], output_path: Path | None, atomic_path: Any) -> int:
+    n = 0
+    if output_path is None:
+        for line in outputs:
+            print(line, flush=True)
+            n += 1
+        return n
+    with atomic_path(Path(output_path)) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for line in outputs:
+            f.write(line + "\n")
+            n += 1
+    return n

@@ -1,0 +1,110 @@
+"""Validation during training: loss/perplexity on the validation split, greedy BLEU/chrF.
+
+BLEU and chrF come from greedy decoding of a fixed (seeded) subset of ``train.eval_sentences``
+validation sentences, detokenised with the target tokenizer and scored with
+``nmt.evaluate.score`` against the raw references in ``<run>/corpus/valid.en``. Runs without
+a vocabulary (synthetic tasks written straight to ``<run>/bin``) score the id sequences,
+joined by spaces, against the reference ids.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from nmt import EOS_ID, PAD_ID
+from nmt.batching import TokenBatchSampler, load_batch
+from nmt.config import Config
+from nmt.device import autocast
+from nmt.objective import label_smoothed_nll
+
+DECODE_BATCH = 64
+
+
+class Validator:
+    def __init__(self, config: Config, run_dir: Path, dataset: Any, device: torch.device, tgt_tokenizer: Any = None):
+        self.config, self.dataset, self.device, self.tokenizer = config, dataset, device, tgt_tokenizer
+        t = config.train
+        self.sampler = TokenBatchSampler(
+            dataset.src_lengths, dataset.tgt_lengths, t.max_tokens, t.max_len, seed=t.seed, shuffle=False
+        )
+        n = min(t.eval_sentences, len(dataset))
+        self.subset = np.sort(np.random.default_rng(t.seed).choice(len(dataset), size=n, replace=False))
+        self.sources, self.refs = self._texts(Path(run_dir))
+
+    def _texts(self, run_dir: Path) -> tuple[list[str], list[str]]:
+        lang_src, lang_tgt = self.config.data.src_lang, self.config.data.tgt_lang
+        src_file, ref_file = run_dir / "corpus" / f"valid.{lang_src}", run_dir / "corpus" / f"valid.{lang_tgt}"
+        self.use_text = self.tokenizer is not None and ref_file.is_file()
+        if self.use_text:
+            refs = ref_file.read_text(encoding="utf-8").split("\n")
+            srcs = src_file.read_text(encoding="utf-8").split("\n") if src_file.is_file() else refs
+            return [srcs[i] for i in self.subset], [refs[i] for i in self.subset]
+        pairs = [self.dataset.pair(int(i)) for i in self.subset]
+        return [_ids_text(s) for s, _ in pairs], [_ids_text(t) for _, t in pairs]
+
+    def detok(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids) if self.use_text else _ids_text(ids)
+
+    @torch.no_grad()
+    def loss(self, model: nn.Module) -> tuple[float, float]:
+        """(label-smoothed loss, NLL) per target token over the whole split."""
+        model.eval()
+        total = torch.zeros(3, dtype=torch.float64)
+        for idx in self.sampler.iter_epoch(0):
+            src, tgt_in, tgt_out = (t.to(self.device) for t in load_batch(self.dataset, idx))
+            with autocast(self.device, self.config.train.precision):
+                logits = model(src, tgt_in)
+            loss, nll, n = label_smoothed_nll(logits, tgt_out, self.config.train.label_smoothing)
+            total += torch.tensor([loss.item(), nll.item(), n], dtype=torch.float64)
+        n = max(total[2].item(), 1.0)
+        return total[0].item() / n, total[1].item() / n
+
+    @torch.no_grad()
+    def translate(self, model: nn.Module) -> list[str]:
+        """Greedy translations of the fixed subset, in subset order."""
+        from nmt.search import greedy_search
+
+        model.eval()
+        d, max_len = self.config.decode, self.config.train.max_len
+        srcs = [self.dataset.pair(int(i))[0][:max_len] for i in self.subset]
+        order = np.argsort([len(s) for s in srcs], kind="stable")
+        hyps: list[str] = [""] * len(srcs)
+        for start in range(0, len(order), DECODE_BATCH):
+            chunk = order[start : start + DECODE_BATCH]
+            src = _source_batch([srcs[i] for i in chunk]).to(self.device)
+            with autocast(self.device, self.config.train.precision):
+                out = greedy_search(model, src, max_len_a=d.max_len_a, max_len_b=d.max_len_b, min_len=d.min_len)
+            for i, ids in zip(chunk, out, strict=True):
+                hyps[i] = self.detok(ids)
+        return hyps
+
+    def run(self, model: nn.Module) -> dict:
+        """Loss, perplexity, BLEU, chrF and three sample translations."""
+        from nmt.evaluate import score
+
+        loss, nll = self.loss(model)
+        hyps = self.translate(model)
+        scores = score(hyps, self.refs)
+        picks = np.linspace(0, len(hyps) - 1, num=min(3, len(hyps))).astype(int)
+        samples = [(self.sources[i], hyps[i], self.refs[i]) for i in picks]
+        ppl = math.exp(min(nll, 50.0))
+        return {"loss": loss, "ppl": ppl, "bleu": scores["bleu"], "chrf": scores["chrf"], "samples": samples}
+
+
+def _ids_text(ids: Any) -> str:
+    return " ".join(str(int(i)) for i in ids)
+
+
+def _source_batch(seqs: list[np.ndarray]) -> torch.Tensor:
+    """Raw id sequences → (B, S) with EOS and right padding."""
+    out = torch.full((len(seqs), max(len(s) for s in seqs) + 1), PAD_ID, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.as_tensor(np.asarray(s, dtype=np.int64))
+        out[i, len(s)] = EOS_ID
+    return out

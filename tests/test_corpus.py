@@ -1,0 +1,357 @@
+"""nmt.corpus: mirror readers, train cleaning rules, raw valid/test, bad input, atomic output, stamps."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from nmt.config import Config, config_from_dict
+from nmt.corpus import RECIPES, length_ratio, normalize_source, normalize_target, prepare_corpus
+from nmt.errors import NmtError
+
+VALID = [("我们去公园吧。", "Let's go to the park."), ("他很高。", "He is tall.")]
+TEST = [("我喜欢猫。", "I like cats."), ("今天下雨。", "It rains today.")]
+TRAIN = [
+    ("我爱你。", "I love you."),
+    ("你好吗", "How are you?"),
+    ("这是一本书。", "This is a book."),
+    ("她在看电视。", "She is watching TV."),
+]
+
+
+def config(**data) -> Config:
+    return config_from_dict({"name": "t", "data": {"corpus": "tatoeba", **data}})
+
+
+def write_jsonl(path: Path, pairs, raw_lines: dict[int, bytes] | None = None) -> Path:
+    """pairs as HF translation records; raw_lines[i] replaces line i (0-based) with raw bytes."""
+    lines = [json.dumps({"translation": {"zh": z, "en": e}}, ensure_ascii=False).encode() for z, e in pairs]
+    for i, raw in (raw_lines or {}).items():
+        lines.insert(i, raw)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def mirror(root: Path, train=TRAIN, valid=VALID, test=TEST, subdir: str = "tatoeba-zh-en") -> Path:
+    folder = root / subdir if subdir else root
+    write_jsonl(folder / "train.jsonl", train)
+    write_jsonl(folder / "validation.jsonl", valid)
+    write_jsonl(folder / "test.jsonl", test)
+    return root
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def run(tmp_path: Path, train=TRAIN, valid=VALID, test=TEST, **data) -> tuple[dict, Path]:
+    root = mirror(tmp_path / "m", train, valid, test)
+    stats = prepare_corpus(config(**data), tmp_path / "run", mirror=str(root))
+    return stats, tmp_path / "run" / "corpus"
+
+
+def check_invariant(stats: dict) -> None:
+    for split in ("train", "valid", "test"):
+        s = stats[split]
+        assert s["read"] == s["kept"] + sum(s["dropped"].values()), split
+
+
+# --------------------------------------------------------------------------- cleaning rules
+
+
+def test_clean_corpus_is_written_with_stats(tmp_path):
+    stats, out = run(tmp_path)
+    assert lines(out / "train.zh") == [z for z, _ in TRAIN]
+    assert lines(out / "train.en") == [e for _, e in TRAIN]
+    assert stats["train"]["kept"] == 4 and stats["valid"]["kept"] == 2 and stats["test"]["kept"] == 2
+    assert json.loads((out / "stats.json").read_text()) == stats
+    check_invariant(stats)
+
+
+def test_empty_pairs_are_dropped_and_counted(tmp_path):
+    stats, out = run(tmp_path, TRAIN + [("", "Hello."), ("你好", "   "), ("\u3000", "Hi.")])
+    assert stats["train"]["dropped"]["empty"] == 3
+    assert "Hello." not in lines(out / "train.en") and "你好" not in lines(out / "train.zh")
+    check_invariant(stats)
+
+
+def test_too_long_pairs_are_dropped(tmp_path):
+    long_zh = "我" * 31
+    stats, out = run(tmp_path, TRAIN + [(long_zh, "I " * 10)], max_chars=30)
+    assert stats["train"]["dropped"]["too_long"] == 1
+    assert long_zh not in lines(out / "train.zh")
+
+
+def test_length_ratio_drops_unbalanced_pairs(tmp_path):
+    data = config().data
+    assert length_ratio("这是一本书。", "This is a book.", data) < 2.0
+    bad = ("好。", "This is a much longer English sentence than the two characters on the other side.")
+    stats, out = run(tmp_path, TRAIN + [bad], max_ratio=9.0)
+    assert stats["train"]["dropped"]["ratio"] == 1
+    assert bad[1] not in lines(out / "train.en")
+    stats, out = run(tmp_path / "loose", TRAIN + [bad], max_ratio=100.0)
+    assert stats["train"]["dropped"]["ratio"] == 0 and bad[1] in lines(out / "train.en")
+
+
+def test_duplicates_are_dropped_after_normalisation(tmp_path):
+    dup = ("我愛你。", "I  love you.")  # same as TRAIN[0] after t2s and whitespace collapse
+    stats, out = run(tmp_path, TRAIN + [dup, TRAIN[1]])
+    assert stats["train"]["dropped"]["duplicate"] == 2
+    assert lines(out / "train.zh").count("你好吗") == 1
+    stats, _ = run(tmp_path / "nodedup", TRAIN + [TRAIN[1]], dedup=False)
+    assert stats["train"]["dropped"]["duplicate"] == 0 and stats["train"]["kept"] == 5
+
+
+def test_overlap_with_valid_or_test_is_dropped(tmp_path):
+    leaks = [("他很高。", "Some other English."), ("别的句子。", "I like cats."), ("我們去公園吧。", "Go to park.")]
+    stats, out = run(tmp_path, TRAIN + leaks)
+    assert stats["train"]["dropped"]["overlap"] == 3  # zh of valid; en of test; zh of valid after t2s
+    assert lines(out / "train.zh") == [z for z, _ in TRAIN]
+    stats, _ = run(tmp_path / "off", TRAIN + leaks, filter_overlap=False)
+    assert stats["train"]["dropped"]["overlap"] == 0 and stats["train"]["kept"] == 7
+
+
+def test_t2s_converts_traditional_train_source(tmp_path):
+    _, out = run(tmp_path, [("我們說國語。", "We speak Mandarin.")])
+    assert lines(out / "train.zh") == ["我们说国语。"]
+    _, out = run(tmp_path / "off", [("我們說國語。", "We speak Mandarin.")], t2s=False)
+    assert lines(out / "train.zh") == ["我們說國語。"]
+
+
+def test_nfkc_folds_full_width_forms(tmp_path):
+    pair = ("ＡＢＣ１２３，好！", "Ｆｕｌｌ width")
+    _, out = run(tmp_path, [pair])
+    assert lines(out / "train.zh") == ["ABC123,好!"] and lines(out / "train.en") == ["Full width"]
+    _, out = run(tmp_path / "off", [pair], nfkc=False)
+    assert lines(out / "train.zh") == [pair[0]]
+
+
+def test_internal_newlines_and_tabs_become_spaces(tmp_path):
+    _, out = run(tmp_path, [("你好\n世界", "Hello\tthere\r\nworld \u2028 again")])
+    assert lines(out / "train.zh") == ["你好 世界"] and lines(out / "train.en") == ["Hello there world again"]
+
+
+def test_valid_and_test_are_raw_references(tmp_path):
+    valid = [("  我們說國語。 ", "ＦＵＬＬ\nwidth "), ("", ""), ("他很高。", "He is tall.")]
+    test = [("頭髮\t很長", ""), ("我喜欢猫。", "I like cats.")]
+    stats, out = run(tmp_path, valid=valid, test=test)
+    assert lines(out / "valid.zh") == ["我們說國語。", "他很高。"]  # no t2s, no NFKC
+    assert lines(out / "valid.en") == ["ＦＵＬＬ width", "He is tall."]
+    assert stats["valid"]["dropped"]["empty"] == 1  # both sides empty: dropped from valid only
+    assert lines(out / "test.zh") == ["頭髮 很長", "我喜欢猫。"] and lines(out / "test.en") == ["", "I like cats."]
+    assert stats["test"]["kept"] == 2
+    check_invariant(stats)
+
+
+def test_normalize_source_matches_training(tmp_path):
+    data = config().data
+    assert normalize_source(" 我們說國語 ！", data) == "我们说国语 !"
+    assert normalize_target("Ｈｉ  there", data) == "Hi there"
+
+
+def test_max_train_pairs_subsamples_with_seed_in_order(tmp_path):
+    train = [(f"句子{i}。", f"Sentence {i}.") for i in range(60)]
+    stats, out = run(tmp_path, train, max_train_pairs=10, seed=3)
+    got = lines(out / "train.en")
+    assert len(got) == 10 and stats["train"]["dropped"]["subsampled"] == 50
+    assert got == sorted(got, key=lambda s: int(s.split()[1].rstrip(".")))  # original order kept
+    _, again = run(tmp_path / "same", train, max_train_pairs=10, seed=3)
+    _, other = run(tmp_path / "other", train, max_train_pairs=10, seed=4)
+    assert lines(again / "train.en") == got and lines(other / "train.en") != got
+    check_invariant(stats)
+
+
+# --------------------------------------------------------------------------- mirror readers
+
+
+def test_tsv_mirror(tmp_path):
+    root = tmp_path / "m"
+    root.mkdir()
+    for name, pairs in (("train", TRAIN), ("validation", VALID), ("test", TEST)):
+        (root / f"{name}.tsv").write_text("".join(f"{z}\t{e}\tattribution\n" for z, e in pairs), encoding="utf-8")
+    stats = prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    assert lines(tmp_path / "run/corpus/train.en") == [e for _, e in TRAIN]
+    assert stats["valid"]["source"].endswith("validation.tsv")
+
+
+def test_plain_parallel_mirror(tmp_path):
+    root = tmp_path / "m"
+    root.mkdir()
+    for name, pairs in (("train", TRAIN), ("valid", VALID), ("test", TEST)):
+        (root / f"{name}.zh").write_text("".join(z + "\n" for z, _ in pairs), encoding="utf-8")
+        (root / f"{name}.en").write_text("".join(e + "\n" for _, e in pairs), encoding="utf-8")
+    prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    assert lines(tmp_path / "run/corpus/train.zh") == [z for z, _ in TRAIN]
+    assert lines(tmp_path / "run/corpus/test.en") == [e for _, e in TEST]
+
+
+def test_recipe_subdir_and_direct_files(tmp_path):
+    sub = mirror(tmp_path / "sub", subdir="tatoeba-zh-en")
+    direct = mirror(tmp_path / "direct", train=TRAIN[:2], subdir="")
+    assert prepare_corpus(config(), tmp_path / "r1", mirror=str(sub))["train"]["kept"] == 4
+    assert prepare_corpus(config(), tmp_path / "r2", mirror=str(direct))["train"]["kept"] == 2
+
+
+def test_mirror_from_env_and_config(tmp_path, monkeypatch):
+    root = mirror(tmp_path / "m")
+    monkeypatch.setenv("NMT_MIRROR", str(root))
+    assert prepare_corpus(config(), tmp_path / "r1")["train"]["kept"] == 4
+    monkeypatch.setenv("NMT_MIRROR", str(tmp_path / "nowhere"))
+    assert prepare_corpus(config(mirror=str(root)), tmp_path / "r2")["train"]["kept"] == 4  # config wins
+    with pytest.raises(NmtError, match="nowhere.*NMT_MIRROR"):
+        prepare_corpus(config(), tmp_path / "r3")
+
+
+def test_hub_path_streams_with_datasets(tmp_path, monkeypatch):
+    calls = []
+
+    def load_dataset(name, cfg, split, streaming, **kw):
+        calls.append((name, cfg, split, streaming))
+        pairs = {"train": TRAIN, "validation": VALID, "test": TEST}[split]
+        return iter([{"translation": {"zh": z, "en": e}} for z, e in pairs] + [{"translation": {"zh": "x"}}])
+
+    monkeypatch.delenv("NMT_MIRROR", raising=False)
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    with pytest.warns(UserWarning, match="record missing 'en'"):
+        stats = prepare_corpus(config(corpus="wmt17"), tmp_path / "run")
+    assert {c[2] for c in calls} == {"train", "validation", "test"} and all(c[3] for c in calls)
+    assert calls[0][:2] == (RECIPES["wmt17"].hub, "zh-en") and stats["train"]["kept"] == 4
+
+
+def test_test_codes_are_copied_and_stay_aligned(tmp_path):
+    root = mirror(tmp_path / "m", subdir="")
+    write_jsonl(root / "test.jsonl", TEST, raw_lines={1: b"{broken"})
+    (root / "test.codes.txt").write_text("cmn_Hans\ncmn_Hant\ncmn\n")
+    with pytest.warns(UserWarning, match=r"test.jsonl:2: invalid JSON"):
+        prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    out = tmp_path / "run/corpus"
+    assert lines(out / "test.codes") == ["cmn_Hans", "cmn"] and len(lines(out / "test.zh")) == 2
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_malformed_json_line_is_skipped_with_warning(tmp_path):
+    root = mirror(tmp_path / "m", subdir="")
+    write_jsonl(root / "train.jsonl", TRAIN, raw_lines={1: b'{"translation": {"zh": "x"', 3: b"not json"})
+    with pytest.warns(UserWarning, match=r"train\.jsonl:2: invalid JSON \(skipped 2 bad lines\)"):
+        stats = prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    assert stats["train"]["dropped"]["bad_line"] == 2 and stats["train"]["kept"] == 4
+    check_invariant(stats)
+
+
+def test_record_missing_a_language_is_skipped(tmp_path):
+    root = mirror(tmp_path / "m", subdir="")
+    write_jsonl(root / "train.jsonl", TRAIN, raw_lines={0: json.dumps({"translation": {"zh": "只有中文"}}).encode()})
+    with pytest.warns(UserWarning, match=r"train\.jsonl:1: record missing 'en' \(skipped 1 bad line\)"):
+        stats = prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    assert stats["train"]["dropped"]["bad_line"] == 1
+
+
+def test_invalid_utf8_is_skipped(tmp_path):
+    root = mirror(tmp_path / "m", subdir="")
+    write_jsonl(root / "train.jsonl", TRAIN, raw_lines={2: b'{"translation": {"zh": "\xff\xfe", "en": "x"}}'})
+    with pytest.warns(UserWarning, match=r"train\.jsonl:3: invalid UTF-8"):
+        stats = prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    assert stats["train"]["dropped"]["bad_line"] == 1 and stats["train"]["kept"] == 4
+
+
+def test_split_with_nothing_usable_names_the_file(tmp_path):
+    root = mirror(tmp_path / "m", subdir="")
+    (root / "train.jsonl").write_bytes(b"nope\n{}\n")
+    with pytest.warns(UserWarning), pytest.raises(NmtError, match=r"train\.jsonl: no usable train pairs"):
+        prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+
+
+def test_plain_files_with_different_line_counts(tmp_path):
+    root = mirror(tmp_path / "m", subdir="")
+    (root / "train.jsonl").unlink()
+    (root / "train.zh").write_text("一\n二\n三\n", encoding="utf-8")
+    (root / "train.en").write_text("one\ntwo\n", encoding="utf-8")
+    with pytest.raises(NmtError, match=r"train\.zh has 3 lines but .*train\.en has 2"):
+        prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+
+
+def test_empty_corpus_after_cleaning(tmp_path):
+    train = [VALID[0], ("", "Nothing."), ("好。", "A very long English sentence facing two characters only.")]
+    with pytest.raises(
+        NmtError, match=r"train\.jsonl: no train pairs left after cleaning .*empty=1, ratio=1, overlap=1"
+    ):
+        run(tmp_path, train)
+
+
+def test_missing_mirror_dir(tmp_path):
+    with pytest.raises(NmtError, match=r"absent: mirror directory not found \(from --mirror\)"):
+        prepare_corpus(config(), tmp_path / "run", mirror=str(tmp_path / "absent"))
+
+
+def test_unknown_corpus_suggests(tmp_path):
+    with pytest.raises(
+        NmtError, match=r"data\.corpus: unknown corpus 'tatoba' \(did you mean 'tatoeba'\?\); known: .*wmt19"
+    ):
+        prepare_corpus(config(corpus="tatoba"), tmp_path / "run", mirror=str(tmp_path))
+
+
+def test_corpus_without_train_split(shared_data, tmp_path):
+    with pytest.raises(NmtError, match="'wmt_news' has no train split.*evaluation"):
+        prepare_corpus(config(corpus="wmt_news"), tmp_path / "run", mirror=str(shared_data))
+
+
+# --------------------------------------------------------------------------- atomic output and stamps
+
+
+def test_failure_leaves_no_partial_files(tmp_path):
+    root = mirror(tmp_path / "m", subdir="")
+    (root / "train.jsonl").write_bytes(b"garbage\n")
+    with pytest.warns(UserWarning), pytest.raises(NmtError):
+        prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    assert list((tmp_path / "run/corpus").iterdir()) == []  # valid/test were written to temp files only
+
+
+def test_failed_rerun_keeps_previous_corpus(tmp_path):
+    root = mirror(tmp_path / "m", subdir="")
+    prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    out = tmp_path / "run/corpus"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    write_jsonl(root / "validation.jsonl", [("新的", "new")])
+    (root / "train.jsonl").write_bytes(b"garbage\n")
+    with pytest.warns(UserWarning), pytest.raises(NmtError):
+        prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert not (tmp_path / "run/download.stamp.json").exists()  # so the next call redoes it
+
+
+def test_second_call_is_skipped_and_changed_input_redone(tmp_path):
+    root = mirror(tmp_path / "m")
+    stats = prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    stamp, train_zh = tmp_path / "run/download.stamp.json", tmp_path / "run/corpus/train.zh"
+    mtimes = (stamp.stat().st_mtime_ns, train_zh.stat().st_mtime_ns)
+    time.sleep(0.01)
+    assert prepare_corpus(config(), tmp_path / "run", mirror=str(root)) == stats
+    assert (stamp.stat().st_mtime_ns, train_zh.stat().st_mtime_ns) == mtimes
+    write_jsonl(root / "tatoeba-zh-en/train.jsonl", TRAIN[:2])
+    assert prepare_corpus(config(), tmp_path / "run", mirror=str(root))["train"]["kept"] == 2
+    assert lines(train_zh) == [z for z, _ in TRAIN[:2]] and stamp.stat().st_mtime_ns != mtimes[0]
+    assert prepare_corpus(config(max_chars=11), tmp_path / "run", mirror=str(root))["train"]["kept"] == 1
+
+
+# --------------------------------------------------------------------------- the real mirror
+
+
+def test_real_tatoeba_mirror(shared_data, tmp_path):
+    stats = prepare_corpus(config(max_train_pairs=500), tmp_path / "run", mirror=str(shared_data))
+    out, src = tmp_path / "run/corpus", shared_data / "tatoeba-zh-en"
+    raw_valid = [json.loads(line)["translation"] for line in (src / "validation.jsonl").open(encoding="utf-8")]
+    assert lines(out / "valid.zh") == [r["zh"] for r in raw_valid]  # untouched (already stripped)
+    assert lines(out / "test.codes") == lines(src / "test.codes.txt")
+    assert stats["test"]["kept"] == len(lines(out / "test.en")) == 8927
+    assert stats["train"]["kept"] == 500 and stats["train"]["dropped"]["overlap"] > 0  # t2s exposes leaks
+    assert all(os.path.getsize(out / f) > 0 for f in ("train.zh", "train.en"))
+    check_invariant(stats)

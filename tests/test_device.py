@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nmt.device import autocast, grad_scaler, resolve_device, set_threads
+from nmt.errors import NmtError
+
+
+def test_resolve_auto_and_explicit():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.parametrize("name", ["tpu", "banana", "cuda:99"])
+def test_resolve_rejects_unusable_devices(name):
+    with pytest.raises(NmtError, match="train.device"):
+        resolve_device(name)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
+def test_cuda_without_cuda_is_a_user_error():
+    with pytest.raises(NmtError, match="CUDA is not available"):
+        resolve_device("cuda")
+
+
+def test_autocast_bf16_on_cpu_and_fp32_noop():
+    a, b = torch.randn(4, 8), torch.randn(8, 3)
+    cpu = torch.device("cpu")
+    with autocast(cpu, "bf16"):
+        assert (a @ b).dtype == torch.bfloat16
+    with autocast(cpu, "fp32"):
+        assert (a @ b).dtype == torch.float32
+
+
+def test_fp16_needs_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(NmtError, match="fp16"), autocast(torch.device("cpu"), "fp16"):
+        pass
+    with pytest.raises(NmtError, match="fp16"):
+        grad_scaler(torch.device("cpu"), "fp16")
+
+
+def test_grad_scaler_disabled_outside_fp16():
+    for precision in ("fp32", "bf16"):
+        scaler = grad_scaler(torch.device("cpu"), precision)
+        assert not scaler.is_enabled()
+        loss = torch.tensor(2.0, requires_grad=True)
+        assert scaler.scale(loss) is loss
+
+
+@pytest.mark.cuda
+def test_fp16_scaler_enabled_on_cuda():
+    scaler = grad_scaler(torch.device("cuda"), "fp16")
+    assert scaler.is_enabled()
+    with autocast(torch.device("cuda"), "fp16"):
+        x = torch.randn(4, 4, device="cuda")
+        assert (x @ x).dtype == torch.float16
+
+
+def test_set_threads():
+    before = torch.get_num_threads()
+    try:
+        set_threads(1)
+        assert torch.get_num_threads() == 1
+        set_threads(0)
+        assert torch.get_num_threads() >= 1
+        with pytest.raises(NmtError):
+            set_threads(-1)
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,285 @@
+"""Translator: normalisation, blank and over-long lines, length-sorted batching, loading a run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from nmt import BOS_ID, EOS_ID, PAD_ID
+from nmt.config import config_to_yaml, load_config, save_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------- a tiny run directory
+
+
+def _jsonl(path: Path, n: int | None = None) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line)["translation"] for line in f]
+    return rows[:n] if n else rows
+
+
+def _train_spm(text: list[str], prefix: Path, size: int, byte_fallback: bool) -> None:
+    import sentencepiece as spm
+
+    src = prefix.with_suffix(".txt")
+    src.write_text("\n".join(text) + "\n", encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(src),
+        model_prefix=str(prefix),
+        vocab_size=size,
+        character_coverage=0.98 if byte_fallback else 1.0,
+        byte_fallback=byte_fallback,
+        pad_id=PAD_ID,
+        unk_id=1,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        normalization_rule_name="identity",
+        hard_vocab_limit=False,
+        minloglevel=2,
+        num_threads=1,
+    )
+    src.unlink()
+
+
+def test_pairs(shared: Path, per_code: int = 12) -> tuple[list[dict], list[str]]:
+    """The first `per_code` Simplified and Traditional rows of the real Tatoeba test set."""
+    rows = _jsonl(shared / "tatoeba-zh-en" / "test.jsonl")
+    codes = (shared / "tatoeba-zh-en" / "test.codes.txt").read_text(encoding="utf-8").split("\n")
+    picked: list[int] = []
+    for code in ("cmn_Hans", "cmn_Hant"):
+        picked += [i for i, c in enumerate(codes[: len(rows)]) if c == code][:per_code]
+    return [rows[i] for i in picked], [codes[i] for i in picked]
+
+
+test_pairs.__test__ = False  # a helper, not a test
+
+
+def make_tiny_run(root: Path, shared: Path) -> Path:
+    """A run dir as the pipeline leaves it: config, vocab, corpus/test.*, a random-init final checkpoint."""
+    import sentencepiece as spm
+    from safetensors.torch import save_file
+
+    from nmt.corpus import normalize_source, normalize_target
+    from nmt.model import build_model
+
+    config = load_config(
+        ROOT / "configs" / "tiny.yaml",
+        ["model.max_positions=24", "train.max_len=16", "decode.batch_size=4", "decode.max_tokens=60"],
+    )
+    run = root / "run"
+    (run / "vocab").mkdir(parents=True)
+    train = _jsonl(shared / "tatoeba-zh-en" / "train.jsonl", 300)
+    _train_spm([normalize_source(p["zh"], config.data) for p in train], run / "vocab" / "zh", 1500, True)
+    _train_spm([normalize_target(p["en"], config.data) for p in train], run / "vocab" / "en", 500, False)
+    pairs, codes = test_pairs(shared)
+    corpus = run / "corpus"
+    corpus.mkdir()
+    for name, lines in (("test.zh", [p["zh"] for p in pairs]), ("test.en", [p["en"] for p in pairs])):
+        (corpus / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    (corpus / "test.codes").write_text("".join(c + "\n" for c in codes), encoding="utf-8")
+    save_config(config, run / "config.yaml")
+    torch.manual_seed(0)
+    sizes = [
+        spm.SentencePieceProcessor(model_file=str(run / "vocab" / f"{s}.model")).get_piece_size() for s in ("zh", "en")
+    ]
+    model = build_model(config, sizes[0], sizes[1])
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    (run / "checkpoints").mkdir()
+    save_file(state, str(run / "checkpoints" / "final.safetensors"), {"config": config_to_yaml(config), "step": "0"})
+    return run
+
+
+@pytest.fixture(scope="module")
+def tiny_run_dir(tmp_path_factory, request) -> Path:
+    from conftest import SHARED_DATA
+
+    if not (SHARED_DATA / "tatoeba-zh-en" / "train.jsonl").is_file():
+        pytest.skip(f"real corpus mirror not found at {SHARED_DATA}")
+    return make_tiny_run(tmp_path_factory.mktemp("translate"), SHARED_DATA)
+
+
+# --------------------------------------------------------------------------- a model whose output is its input
+
+
+class _CopyState:
+    def __init__(self, src: torch.Tensor):
+        self.src, self.step = src, 0  # (R, S)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.src = self.src.index_select(0, index)
+
+
+class CopyModel:
+    """Emits its source (ids shifted into the target vocabulary), then EOS; counts the rows it decodes."""
+
+    def __init__(self, tgt_vocab: int, max_positions: int = 24):
+        self.tgt_vocab, self.max_positions, self.rows_seen = tgt_vocab, max_positions, 0
+
+    def to(self, device):  # Translator moves its model
+        return self
+
+    def eval(self):
+        return self
+
+    def encode(self, src: torch.Tensor) -> SimpleNamespace:
+        self.rows_seen += src.size(0)
+        return SimpleNamespace(memory=src, src_pad=src == PAD_ID)
+
+    def start_decoding(self, enc: SimpleNamespace) -> _CopyState:
+        return _CopyState(enc.memory)
+
+    def decode_step(self, tokens: torch.Tensor, state: _CopyState) -> torch.Tensor:
+        src = state.src
+        nxt = src[:, state.step] if state.step < src.size(1) else torch.full_like(src[:, 0], EOS_ID)
+        nxt = torch.where(nxt > EOS_ID, 4 + (nxt - 4) % (self.tgt_vocab - 4), nxt)
+        nxt = torch.where(nxt == PAD_ID, torch.full_like(nxt, EOS_ID), nxt)
+        state.step += 1
+        return torch.nn.functional.one_hot(nxt, self.tgt_vocab).float() * 20.0  # (R, V)
+
+    def copied(self, ids: list[int]) -> list[int]:
+        """The target ids this model emits for source pieces `ids`."""
+        return [4 + (i - 4) % (self.tgt_vocab - 4) if i > EOS_ID else i for i in ids]
+
+
+@pytest.fixture
+def copy_translator(tiny_run_dir):
+    from nmt.translate import Translator
+    from nmt.vocab import load_tokenizers
+
+    config = load_config(tiny_run_dir / "config.yaml")
+    src_tok, tgt_tok = load_tokenizers(tiny_run_dir, config)
+    return Translator(CopyModel(tgt_tok.vocab_size), src_tok, tgt_tok, config)
+
+
+LINES = [
+    "我们在这里。",
+    "汤姆想知道玛丽为什么哭了。",
+    "你好!",
+    "他昨天晚上没有睡觉,因为他要准备考试。",
+    "猫在桌子上。",
+    "我不知道。",
+    "这本书是我的。",
+]
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_output_in_input_order_with_sorted_batches(copy_translator):
+    t = copy_translator
+    ids = t.encode_sources(LINES)
+    groups = t.batches(ids)
+    assert len(groups) > 1  # decode.batch_size=4 forces several batches
+    flat = [i for g in groups for i in g]
+    assert sorted(flat) == list(range(len(LINES)))
+    assert [len(ids[i]) for i in flat] == sorted((len(s) for s in ids), reverse=True)
+    d = t.config.decode
+    for g in groups:
+        assert len(g) <= d.batch_size and len(g) * (len(ids[g[0]]) + 1) <= d.max_tokens
+    together = t.translate(LINES, beam=2)
+    alone = [t.translate([line], beam=2)[0] for line in LINES]
+    assert together == alone
+    assert len(set(together)) == len(LINES)  # distinct inputs, distinct outputs: order is checkable
+    for line, out in zip(LINES, together, strict=True):  # the copy model returns the source pieces
+        expect = t.tgt_tok.decode(t.model.copied(t.encode_sources([line])[0]))
+        assert out == expect
+
+
+def test_stream_chunks_keep_order(copy_translator):
+    lines = [f"{line}\n" for line in LINES * 3]
+    streamed = list(copy_translator.translate_stream(iter(lines), beam=1, chunk_lines=4))
+    assert streamed == copy_translator.translate([line.rstrip("\n") for line in lines], beam=1)
+
+
+def test_blank_lines_skip_the_model(copy_translator):
+    t = copy_translator
+    out = t.translate(["", "我们在这里。", "   ", ""], beam=2)
+    assert out[0] == out[2] == out[3] == ""
+    assert out[1] != ""
+    assert t.model.rows_seen == 1 and t.stats.sentences == 1
+
+
+def test_long_line_truncated_with_warning(copy_translator, capsys):
+    t = copy_translator
+    long = "".join(LINES * 4)
+    assert len(t.encode_sources([long])[0]) == t.max_src_pieces == 23
+    err = capsys.readouterr().err
+    assert "line 1:" in err and "truncated to 23" in err
+    out = t.translate(["猫在桌子上。", long, "", long], beam=1)
+    err = capsys.readouterr().err
+    assert "line 2:" in err and "line 4:" in err and "line 1:" not in err
+    assert err.count("truncated") == 2
+    assert out[1] == out[3] != ""
+
+
+def test_traditional_input_normalised_like_training(copy_translator):
+    t = copy_translator
+    trad, simp = "我們在這裡。", "我们在这里。"
+    assert t.encode_sources([trad]) == t.encode_sources([simp])
+    assert t.translate([trad]) == t.translate([simp])
+    t.config.data.t2s = False  # the test can fail: without t2s the pieces differ
+    assert t.encode_sources([trad]) != t.encode_sources([simp])
+
+
+def test_nbest(copy_translator):
+    t = copy_translator
+    nb = t.translate_nbest(["猫在桌子上。", ""], beam=3, nbest=3)
+    assert nb[1] == []
+    scores = [s for _, s in nb[0]]
+    assert len(nb[0]) >= 1 and scores == sorted(scores, reverse=True)
+    joined = t.translate(["猫在桌子上。"], beam=3, nbest=3)[0]
+    assert joined.split("\n") == [text for text, _ in nb[0]]
+
+
+def test_from_run_loads_the_checkpoint(tiny_run_dir):
+    from nmt.translate import Translator
+
+    t = Translator.from_run(tiny_run_dir, device="cpu")
+    assert t.checkpoint == tiny_run_dir / "checkpoints" / "final.safetensors"
+    out = t.translate(LINES[:3] + [""], beam=2)
+    assert len(out) == 4 and out[3] == ""
+    assert all(isinstance(o, str) for o in out)
+    assert all(x not in o for o in out for x in ("<s>", "</s>", "<pad>"))
+    assert t.translate(LINES[:3], beam=1) == [t.translate([line], beam=1)[0] for line in LINES[:3]]
+
+
+def test_from_run_bf16_autocast(tiny_run_dir):
+    from nmt.translate import Translator
+
+    t = Translator.from_run(tiny_run_dir, device="cpu", precision="bf16")
+    assert len(t.translate(LINES[:2], beam=2)) == 2
+
+
+def test_from_run_errors(tiny_run_dir, tmp_path):
+    from nmt.errors import NmtError
+    from nmt.translate import Translator
+
+    with pytest.raises(NmtError, match="no checkpoint"):
+        Translator.from_run(tmp_path)
+    with pytest.raises(NmtError, match="not found"):
+        Translator.from_run(tiny_run_dir, checkpoint=tmp_path / "missing.safetensors")
+
+
+def test_translate_to_file(tiny_run_dir, tmp_path):
+    from nmt.translate import translate_to
+
+    src = tmp_path / "in.zh"
+    src.write_text("我们在这里。\n\n猫在桌子上。\n", encoding="utf-8")
+    out = tmp_path / "out.en"
+    n = translate_to(input_path=src, output_path=out, run_dir=tiny_run_dir, beam=2, device="cpu")
+    lines = out.read_text(encoding="utf-8").split("\n")
+    assert n == 3 and len(lines) == 4 and lines[1] == "" and lines[3] == ""

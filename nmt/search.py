@@ -80,10 +80,9 @@ def constrain(lp: Tensor, step: int, min_len: int, max_len: Tensor) -> Tensor:
     lp[:, BOS_ID] = NEG_INF
     if step < min_len:
         lp[:, EOS_ID] = NEG_INF
-    force = step >= max_len  # (R,)
-    if bool(force.any()):
-        lp[force] = NEG_INF
-        lp[force, EOS_ID] = eos_lp[force]
+    force = step >= max_len  # (R,): only EOS left (no host sync: masks, not branches)
+    lp.masked_fill_(force.unsqueeze(1), NEG_INF)
+    lp[:, EOS_ID] = torch.where(force, eos_lp, lp[:, EOS_ID])
     return lp
 
 
@@ -156,6 +155,15 @@ class _Finished:
     tokens: Tensor  # (N, K, T) tokens, PAD after the end
     length: Tensor  # (N, K) tokens without EOS
 
+    @classmethod
+    def empty(cls, n: int, k: int, steps: int, device: torch.device) -> _Finished:
+        return cls(
+            torch.full((n, k), NEG_INF, device=device),
+            torch.zeros(n, k, device=device),
+            torch.full((n, k, steps), PAD_ID, dtype=torch.long, device=device),
+            torch.zeros(n, k, dtype=torch.long, device=device),
+        )
+
     def select(self, keep: Tensor) -> _Finished:
         return _Finished(self.score[keep], self.logprob[keep], self.tokens[keep], self.length[keep])
 
@@ -172,15 +180,14 @@ def _add_finished(fin: _Finished, new_score: Tensor, new_logprob: Tensor, new_to
     return _Finished(score.gather(1, order), logprob, tokens, length)
 
 
-def _collect(fin: _Finished, n: int, nbest: int) -> list[Hypothesis]:
-    """The n-best of live sentence `n`, best first."""
+def _collect(fin: _Finished, nbest: int) -> list[list[Hypothesis]]:
+    """The n-best of each sentence in `fin`, best first (one device→host copy)."""
+    scores, logprobs, lengths = fin.score.tolist(), fin.logprob.tolist(), fin.length.tolist()
+    tokens = fin.tokens.tolist()
     out = []
-    for k in range(fin.score.size(1)):  # already sorted, best first
-        score = float(fin.score[n, k])
-        if score == NEG_INF or len(out) == nbest:
-            break
-        length = int(fin.length[n, k])
-        out.append(Hypothesis(fin.tokens[n, k, :length].tolist(), score, float(fin.logprob[n, k])))
+    for n in range(len(scores)):
+        keep = [k for k in range(len(scores[n])) if scores[n][k] != NEG_INF][:nbest]  # sorted already
+        out.append([Hypothesis(tokens[n][k][: lengths[n][k]], scores[n][k], logprobs[n][k]) for k in keep])
     return out
 
 
@@ -209,40 +216,33 @@ def beam_search(
     scores[:, 0] = 0.0  # one open beam at the start, so the first step has no duplicates
     hist = torch.full((B * K, steps), PAD_ID, dtype=torch.long, device=dev)  # (N*K, T)
     tokens = torch.full((B * K,), BOS_ID, dtype=torch.long, device=dev)  # (N*K,)
-    fin = _Finished(
-        torch.full((B, K), NEG_INF, device=dev),
-        torch.zeros(B, K, device=dev),
-        torch.full((B, K, steps), PAD_ID, dtype=torch.long, device=dev),
-        torch.zeros(B, K, dtype=torch.long, device=dev),
-    )
+    fin = _Finished.empty(B, K, steps, dev)
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(steps):
         N = sent.size(0)
-        row_max = max_len[sent].repeat_interleave(K)  # (N*K,)
-        lp = constrain(_log_probs(model, tokens, state), t, min_len, row_max)  # (N*K, V)
+        lp = constrain(_log_probs(model, tokens, state), t, min_len, max_len[sent].repeat_interleave(K))  # (N*K, V)
         lp = block_repeated_ngrams(lp, hist[:, :t], no_repeat_ngram)
         V = lp.size(1)
         cand = (scores.view(-1, 1) + lp).view(N, K * V)  # (N, K*V)
         top_score, top_idx = cand.topk(min(2 * K, K * V), dim=1)  # (N, 2K)
         top_beam, top_tok = top_idx // V, top_idx % V
         fin = _finish_eos(fin, top_score[:, :K], top_beam[:, :K], top_tok[:, :K], hist, t, len_penalty)
-        scores, flat, tokens = _next_beams(top_score, top_beam, top_tok, K)
-        hist = hist[flat]
-        hist[:, t] = tokens
-        state.reorder(flat)
+        scores, flat, tokens = _next_beams(top_score, top_beam, top_tok, K)  # (N, K), (N*K,), (N*K,)
         full = torch.isfinite(fin.score).sum(dim=1) >= K  # (N,)
         stuck = ~torch.isfinite(scores).any(dim=1)  # every open beam was closed by the rules
         done = full | stuck | (t >= max_len[sent])
-        if bool(done.any()):
-            for n in done.nonzero().squeeze(1).tolist():
-                results[int(sent[n])] = _collect(fin, n, nbest)
+        if bool(done.any()):  # collect finished sentences and drop their rows
+            finished = done.nonzero().squeeze(1)
+            for b, hyps in zip(sent[finished].tolist(), _collect(fin.select(finished), nbest), strict=True):
+                results[b] = hyps
             keep = (~done).nonzero().squeeze(1)  # (N',)
             if keep.numel() == 0:
                 break
-            rows = (keep.unsqueeze(1) * K + torch.arange(K, device=dev)).view(-1)  # (N'*K,)
-            state.reorder(rows)
             sent, scores, fin = sent[keep], scores[keep], fin.select(keep)
-            hist, tokens = hist[rows], tokens[rows]
+            flat, tokens = flat.view(N, K)[keep].view(-1), tokens.view(N, K)[keep].view(-1)
+        hist = hist[flat]
+        hist[:, t] = tokens
+        state.reorder(flat)
     return results
 
 

@@ -55,7 +55,7 @@ class TrainState:
 
 @dataclass
 class StepResult:
-    step: int
+    step: int  # 1-based number of the update this result is (or would have been, if skipped)
     loss: float  # label-smoothed loss per target token
     nll: float  # per target token (perplexity = exp(nll))
     tokens: int  # target tokens in the update, all ranks
@@ -95,9 +95,10 @@ class Trainer:
         loss_tok, nll_tok = (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
         pad = sum(int((b[0] == PAD_ID).sum() + (b[2] == PAD_ID).sum()) for b in batches)
         slots = sum(b[0].numel() + b[2].numel() for b in batches)
-        lr = learning_rate(self.state.step + 1, self.cfg)
+        number = self.state.step + 1
+        lr = learning_rate(number, self.cfg)
         norm, applied = self._apply(lr, finite_loss=math.isfinite(loss_tok))
-        return StepResult(self.state.step, loss_tok, nll_tok, int(total), norm, lr, not applied, pad, slots)
+        return StepResult(number, loss_tok, nll_tok, int(total), norm, lr, not applied, pad, slots)
 
     def _no_sync(self, last: bool) -> contextlib.AbstractContextManager:
         if not last and hasattr(self.model, "no_sync"):

@@ -6,8 +6,9 @@ exactly what training did to the source side), the source SentencePiece model, a
 naming the line number). Blank lines give empty outputs without reaching the model.
 
 Lines are decoded in length-sorted batches bounded by `decode.max_tokens` (padded source
-tokens) and `decode.batch_size` (sentences); outputs come back in input order. `beam=1` with
-`nbest=1` uses greedy search (the same output as a beam of one, faster).
+tokens) and `decode.batch_size` (sentences); outputs come back in input order. `beam=1` uses
+greedy search (the same output as a beam of one, faster), except in `translate_nbest`, which
+needs the scores.
 
 N-best: `translate_nbest` returns each input's hypotheses as `(text, score)` lists, best first.
 `translate` and `translate_stream` return one string per input; with `nbest > 1` that string
@@ -120,7 +121,7 @@ class Translator:
         self, lines: list[str], beam: int | None = None, nbest: int | None = None, len_penalty: float | None = None
     ) -> list[list[tuple[str, float]]]:
         """Up to `nbest` (default decode.nbest) `(text, score)` pairs per line, best first; [] for blank lines."""
-        return self._translate_chunk(list(lines), 1, beam, nbest or self.config.decode.nbest, len_penalty)
+        return self._translate_chunk(list(lines), 1, beam, nbest or self.config.decode.nbest, len_penalty, True)
 
     def translate_stream(
         self,
@@ -180,8 +181,15 @@ class Translator:
         return out
 
     def _translate_chunk(
-        self, lines: list[str], first_line: int, beam: int | None, nbest: int, len_penalty: float | None
+        self,
+        lines: list[str],
+        first_line: int,
+        beam: int | None,
+        nbest: int,
+        len_penalty: float | None,
+        scores: bool = False,
     ) -> list[list[tuple[str, float]]]:
+        """(text, score) lists for each line; without `scores` a beam of 1 runs greedy search (score NaN)."""
         d = self.config.decode
         beam = d.beam if beam is None else beam
         lp = d.len_penalty if len_penalty is None else len_penalty
@@ -190,12 +198,14 @@ class Translator:
         ids = self.encode_sources(lines, first_line)
         results: list[list[tuple[str, float]]] = [[] for _ in lines]
         for group in self.batches(ids):
-            hyps = self._search([ids[i] for i in group], beam, nbest, lp)
+            hyps = self._search([ids[i] for i in group], beam, nbest, lp, greedy=beam == 1 and not scores)
             for i, h in zip(group, hyps, strict=True):
                 results[i] = [(self.tgt_tok.decode(_clean(tokens)), s) for tokens, s in h]
         return results
 
-    def _search(self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float) -> list[list[tuple]]:
+    def _search(
+        self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float, greedy: bool
+    ) -> list[list[tuple]]:
         """Decode one batch of source sequences; returns (tokens, score) lists, best first."""
         d = self.config.decode
         width = max(len(s) for s in seqs) + 1
@@ -205,9 +215,9 @@ class Translator:
         src = src.to(self.device)
         start = time.perf_counter()
         with torch.inference_mode(), autocast(self.device, self.precision):
-            if beam == 1 and nbest == 1:
+            if greedy:
                 out = greedy_search(self.model, src, d.max_len_a, d.max_len_b, d.min_len)
-                found = [[(tokens, 0.0)] for tokens in out]
+                found = [[(tokens, float("nan"))] for tokens in out]
             else:
                 hyps = beam_search(
                     self.model, src, beam, nbest, len_penalty, d.max_len_a, d.max_len_b, d.min_len, d.no_repeat_ngram

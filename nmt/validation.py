@@ -90,7 +90,7 @@ class Validator:
 
         loss, nll = self.loss(model)
         hyps = self.translate(model)
-        scores = score(hyps, self.refs)
+        scores = score(hyps, self.refs, tgt_lang=self.config.data.tgt_lang)
         picks = np.linspace(0, len(hyps) - 1, num=min(3, len(hyps))).astype(int)
         samples = [(self.sources[i], hyps[i], self.refs[i]) for i in picks]
         ppl = math.exp(min(nll, 50.0))

@@ -44,8 +44,11 @@ class ToyState:
 class ToyModel:
     """Decoding protocol over a Python function `fn(source ids, prefix) -> logits (V,)`."""
 
-    def __init__(self, vocab: int, fn: Callable[[tuple, tuple], list[float]], max_positions: int = 1024):
+    def __init__(
+        self, vocab: int, fn: Callable[[tuple, tuple], list[float]], max_positions: int = 1024, specials: bool = False
+    ):
         self.vocab, self.fn, self.max_positions = vocab, fn, max_positions
+        self.specials = specials  # True: PAD/UNK/BOS keep the logits fn gives them
         self.steps = 0
 
     def encode(self, src: torch.Tensor) -> SimpleNamespace:
@@ -61,7 +64,8 @@ class ToyModel:
         rows = []
         for src, prefix in zip(state.src.tolist(), state.prefix.tolist(), strict=True):
             logits = torch.tensor(self.fn(tuple(t for t in src if t != PAD_ID), tuple(prefix)), dtype=torch.float)
-            logits[[PAD_ID, UNK_ID, BOS_ID]] = float("-inf")
+            if not self.specials:
+                logits[[PAD_ID, UNK_ID, BOS_ID]] = float("-inf")
             rows.append(logits)
         return torch.stack(rows)
 
@@ -189,6 +193,14 @@ def test_max_len_per_sentence():
     # the model's own limit wins over a generous max_len
     capped = ToyModel(8, never_eos.fn, max_positions=4)
     assert [len(g) for g in greedy_search(capped, src, max_len_a=1.5, max_len_b=2)] == [3, 3, 3]
+
+
+def test_pad_and_bos_never_generated():
+    likes_specials = ToyModel(8, lambda src, prefix: [9.0, 5.0, 9.0, -1.0, 1.0, 0, 0, 0], specials=True)
+    src = batch([7, 7])  # max_len = 3
+    assert greedy_search(likes_specials, src, max_len_a=0.5, max_len_b=2) == [[UNK_ID] * 3]
+    for h in beam_search(likes_specials, src, beam=3, nbest=3, max_len_a=0.5, max_len_b=2)[0]:
+        assert PAD_ID not in h.tokens and BOS_ID not in h.tokens
 
 
 def _ngrams(seq: list[int], n: int) -> list[tuple]:

@@ -55,7 +55,7 @@ def _train_spm(text: list[str], prefix: Path, size: int, byte_fallback: bool) ->
     src.unlink()
 
 
-def test_pairs(shared: Path, per_code: int = 12) -> tuple[list[dict], list[str]]:
+def tatoeba_test_pairs(shared: Path, per_code: int = 12) -> tuple[list[dict], list[str]]:
     """The first `per_code` Simplified and Traditional rows of the real Tatoeba test set."""
     rows = _jsonl(shared / "tatoeba-zh-en" / "test.jsonl")
     codes = (shared / "tatoeba-zh-en" / "test.codes.txt").read_text(encoding="utf-8").split("\n")
@@ -63,9 +63,6 @@ def test_pairs(shared: Path, per_code: int = 12) -> tuple[list[dict], list[str]]
     for code in ("cmn_Hans", "cmn_Hant"):
         picked += [i for i, c in enumerate(codes[: len(rows)]) if c == code][:per_code]
     return [rows[i] for i in picked], [codes[i] for i in picked]
-
-
-test_pairs.__test__ = False  # a helper, not a test
 
 
 def make_tiny_run(root: Path, shared: Path) -> Path:
@@ -85,7 +82,7 @@ def make_tiny_run(root: Path, shared: Path) -> Path:
     train = _jsonl(shared / "tatoeba-zh-en" / "train.jsonl", 300)
     _train_spm([normalize_source(p["zh"], config.data) for p in train], run / "vocab" / "zh", 1500, True)
     _train_spm([normalize_target(p["en"], config.data) for p in train], run / "vocab" / "en", 500, False)
-    pairs, codes = test_pairs(shared)
+    pairs, codes = tatoeba_test_pairs(shared)
     corpus = run / "corpus"
     corpus.mkdir()
     for name, lines in (("test.zh", [p["zh"] for p in pairs]), ("test.en", [p["en"] for p in pairs])):

@@ -1,0 +1,223 @@
+"""sacreBLEU scoring, per-code scores, the evaluation report files, and input checks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import sacrebleu
+import torch
+from test_translate import make_tiny_run, tatoeba_test_pairs
+
+from nmt.config import load_config
+from nmt.errors import NmtError
+from nmt.evaluate import evaluate_run, read_lines, score, score_by_code
+from nmt.translate import DecodeStats
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _degrade(text: str, i: int) -> str:
+    """A deterministic imperfect 'translation' of a reference."""
+    words = text.split()
+    if i % 3 == 0:
+        return " ".join(words[:-1])
+    if i % 3 == 1:
+        return " ".join(reversed(words))
+    return text.lower()
+
+
+@pytest.fixture(scope="module")
+def real_refs(tmp_path_factory) -> tuple[list[str], list[str], list[str]]:
+    from conftest import SHARED_DATA
+
+    if not (SHARED_DATA / "tatoeba-zh-en" / "test.jsonl").is_file():
+        pytest.skip("real corpus mirror not found")
+    pairs, codes = tatoeba_test_pairs(SHARED_DATA, per_code=40)
+    refs = [p["en"] for p in pairs]
+    return refs, [_degrade(r, i) for i, r in enumerate(refs)], codes
+
+
+# --------------------------------------------------------------------------- score
+
+
+def test_score_equals_sacrebleu(real_refs):
+    refs, hyps, _ = real_refs
+    got = score(hyps, refs)
+    assert got["bleu"] == sacrebleu.corpus_bleu(hyps, [refs]).score
+    assert got["bleu"] == sacrebleu.metrics.BLEU().corpus_score(hyps, [refs]).score
+    assert got["chrf"] == sacrebleu.corpus_chrf(hyps, [refs]).score
+    assert 10 < got["bleu"] < 90 and 10 < got["chrf"] < 95
+    assert "tok:13a" in got["bleu_signature"] and "nrefs:1" in got["bleu_signature"]
+    assert "version:" in got["bleu_signature"] and "nc:6" in got["chrf_signature"]
+    assert got["sentences"] == len(refs) and got["bleu_detail"].startswith("BLEU = ")
+    assert "ter" not in got
+    with_ter = score(hyps, refs, ter=True)
+    assert with_ter["ter"] == sacrebleu.corpus_ter(hyps, [refs]).score and "ter_signature" in with_ter
+
+
+def test_score_chinese_target_uses_zh_tokenizer():
+    refs = ["我们在这里等你。", "猫在桌子上睡觉。"]
+    hyps = ["我们在这里等。", "猫在桌子上。"]
+    got = score(hyps, refs, tgt_lang="zh")
+    assert "tok:zh" in got["bleu_signature"]
+    assert got["bleu"] == pytest.approx(sacrebleu.metrics.BLEU(tokenize="zh").corpus_score(hyps, [refs]).score)
+    assert got["bleu"] != score(hyps, refs, tgt_lang="en")["bleu"]
+
+
+def test_score_errors():
+    with pytest.raises(NmtError, match="2 hypotheses but 1 references"):
+        score(["a", "b"], ["a"])
+    with pytest.raises(NmtError, match="nothing to score"):
+        score([], [])
+
+
+def test_score_by_code(real_refs):
+    refs, hyps, codes = real_refs
+    by = score_by_code(hyps, refs, codes)
+    assert sorted(by) == ["cmn_Hans", "cmn_Hant"]
+    for code, s in by.items():
+        idx = [i for i, c in enumerate(codes) if c == code]
+        sub_h, sub_r = [hyps[i] for i in idx], [refs[i] for i in idx]
+        assert s["bleu"] == sacrebleu.corpus_bleu(sub_h, [sub_r]).score
+        assert s["chrf"] == sacrebleu.corpus_chrf(sub_h, [sub_r]).score
+        assert s["sentences"] == len(idx) == 40
+
+
+# --------------------------------------------------------------------------- evaluate_run
+
+
+class OracleTranslator:
+    """Stands in for a model: returns the reference (Simplified lines) or a degraded one (Traditional)."""
+
+    def __init__(self, outputs: dict[str, str], config):
+        self.outputs, self.config = outputs, config
+        self.stats, self.beams = DecodeStats(), []
+        self.checkpoint, self.device, self.precision = Path("oracle.safetensors"), torch.device("cpu"), "fp32"
+
+    def translate(self, lines: list[str], beam: int | None = None) -> list[str]:
+        self.beams.append(beam)
+        self.stats.sentences += len(lines)
+        self.stats.src_tokens += 10 * len(lines)
+        self.stats.tgt_tokens += 8 * len(lines)
+        self.stats.seconds += 0.5
+        return [self.outputs[line] for line in lines]
+
+
+@pytest.fixture(scope="module")
+def tiny_run_dir(tmp_path_factory) -> Path:
+    from conftest import SHARED_DATA
+
+    if not (SHARED_DATA / "tatoeba-zh-en" / "train.jsonl").is_file():
+        pytest.skip("real corpus mirror not found")
+    return make_tiny_run(tmp_path_factory.mktemp("evaluate"), SHARED_DATA)
+
+
+def _oracle(run: Path) -> OracleTranslator:
+    config = load_config(run / "config.yaml")
+    src, ref = read_lines(run / "corpus" / "test.zh"), read_lines(run / "corpus" / "test.en")
+    codes = read_lines(run / "corpus" / "test.codes")
+    outputs = {
+        s: r if c == "cmn_Hans" else _degrade(r, i) for i, (s, r, c) in enumerate(zip(src, ref, codes, strict=True))
+    }
+    return OracleTranslator(outputs, config)
+
+
+def test_evaluate_run_report(tiny_run_dir, capsys):
+    run = tiny_run_dir
+    config = load_config(run / "config.yaml")
+    oracle = _oracle(run)
+    report = evaluate_run(config, run, split="test", translator=oracle, name="oracle", greedy=True)
+    assert oracle.beams == [config.decode.beam, 1]
+    refs = read_lines(run / "corpus" / "test.en")
+    hyps = read_lines(run / "eval" / "oracle.hyp")
+    assert len(hyps) == len(refs) == 24
+    saved = json.loads((run / "eval" / "oracle.json").read_text(encoding="utf-8"))
+    assert saved == json.loads(json.dumps(report))
+    assert saved["bleu"] == sacrebleu.corpus_bleu(hyps, [refs]).score
+    assert saved["chrf"] == sacrebleu.corpus_chrf(hyps, [refs]).score
+    assert saved["by_code"]["cmn_Hans"]["bleu"] == pytest.approx(100.0)
+    assert saved["by_code"]["cmn_Hant"]["bleu"] < 90
+    assert saved["by_code"]["cmn_Hant"]["sentences"] == 12
+    for key in ("bleu_signature", "chrf_signature", "checkpoint", "sentences", "decode", "speed", "greedy", "codes"):
+        assert key in saved, key
+    assert saved["decode"]["beam"] == config.decode.beam and saved["decode"]["max_len_a"] == config.decode.max_len_a
+    assert saved["speed"]["sentences_per_s"] == pytest.approx(24 / 0.5)
+    assert saved["speed"]["tgt_tokens_per_s"] == pytest.approx(8 * 24 / 0.5)
+    assert (run / "eval" / "oracle.greedy.hyp").is_file()
+    md = (run / "eval" / "oracle.md").read_text(encoding="utf-8")
+    assert "| beam 2 | cmn_Hans | 100.00 |" in md and saved["bleu_signature"] in md
+    out = capsys.readouterr().out
+    assert "cmn_Hant" in out and "nrefs:1" in out
+    assert not list((run / "eval").glob(".*.tmp"))
+
+
+def test_evaluate_run_with_the_model(tiny_run_dir):
+    run = tiny_run_dir
+    config = load_config(run / "config.yaml")
+    report = evaluate_run(config, run, split="test", beam=1, device="cpu", quiet=True)
+    assert report["name"] == "test.beam1"
+    assert report["checkpoint"] == str(run / "checkpoints" / "final.safetensors")
+    hyps = read_lines(run / "eval" / "test.beam1.hyp")
+    refs = read_lines(run / "corpus" / "test.en")
+    assert report["chrf"] == sacrebleu.corpus_chrf(hyps, [refs]).score
+    assert report["sentences"] == 24 and report["speed"]["sentences_per_s"] > 0
+
+
+def test_external_src_ref_with_codes(tiny_run_dir, tmp_path):
+    run = tiny_run_dir
+    config = load_config(run / "config.yaml")
+    oracle = _oracle(run)
+    src, ref = tmp_path / "ext.zh", tmp_path / "ext.en"
+    src.write_text((run / "corpus" / "test.zh").read_text(encoding="utf-8"), encoding="utf-8")
+    ref.write_text((run / "corpus" / "test.en").read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / "ext.codes.txt").write_text((run / "corpus" / "test.codes").read_text(encoding="utf-8"))
+    report = evaluate_run(config, run, src=src, ref=ref, translator=oracle, quiet=True)
+    assert report["name"] == "ext" and report["src"] == str(src)
+    assert set(report["by_code"]) == {"cmn_Hans", "cmn_Hant"}
+    assert (run / "eval" / "ext.json").is_file()
+
+
+def test_misaligned_codes_are_ignored(tiny_run_dir, tmp_path, capsys):
+    run = tiny_run_dir
+    config = load_config(run / "config.yaml")
+    src, ref = tmp_path / "ext.zh", tmp_path / "ext.en"
+    src.write_text((run / "corpus" / "test.zh").read_text(encoding="utf-8"), encoding="utf-8")
+    ref.write_text((run / "corpus" / "test.en").read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / "ext.codes").write_text("cmn_Hans\n" * 5)
+    report = evaluate_run(config, run, src=src, ref=ref, translator=_oracle(run), quiet=True)
+    assert "by_code" not in report
+    assert "5 codes for 24 sentences" in capsys.readouterr().err
+
+
+def test_raw_references_are_scored(tiny_run_dir, tmp_path):
+    """References are not normalised: a system that outputs them verbatim scores 100."""
+    run = tiny_run_dir
+    config = load_config(run / "config.yaml")
+    src, ref = tmp_path / "raw.zh", tmp_path / "raw.en"
+    src.write_text("我们\n猫\n", encoding="utf-8")
+    ref.write_text("ＡＢＣ  is　full-width.\nThe cat ﬁnds it.\n", encoding="utf-8")
+    oracle = OracleTranslator({"我们": "ＡＢＣ  is　full-width.", "猫": "The cat ﬁnds it."}, config)
+    assert evaluate_run(config, run, src=src, ref=ref, translator=oracle, quiet=True)["bleu"] == pytest.approx(100)
+
+
+def test_src_ref_mismatch_names_both_files(tiny_run_dir, tmp_path):
+    run = tiny_run_dir
+    config = load_config(run / "config.yaml")
+    src, ref = tmp_path / "a.zh", tmp_path / "b.en"
+    src.write_text("一\n二\n三\n", encoding="utf-8")
+    ref.write_text("one\ntwo\n", encoding="utf-8")
+    with pytest.raises(NmtError) as err:
+        evaluate_run(config, run, src=src, ref=ref, translator=_oracle(run), quiet=True)
+    assert str(src) in str(err.value) and str(ref) in str(err.value) and "3 lines" in str(err.value)
+    with pytest.raises(NmtError, match="go together"):
+        evaluate_run(config, run, src=src, translator=_oracle(run), quiet=True)
+    with pytest.raises(NmtError, match="valid.zh: not found"):
+        evaluate_run(config, run, split="valid", translator=_oracle(run), quiet=True)

@@ -280,7 +280,7 @@ def bench_training(ctx: Ctx) -> None:
         vocab = 1000
     n, repeats = (512, 2) if ctx.cpu else (8192, 20)
     peak = matmul_peak_flops(torch.bfloat16, n=n, repeats=repeats, device=ctx.device)
-    print(f"measured bf16 matmul peak ({n}x{n}): {peak / 1e12:.1f} TFLOP/s")
+    print(f"measured bf16 matmul peak ({n}x{n}): {peak / 1e12:.3g} TFLOP/s")
     max_tokens = 512 if ctx.cpu else 8192  # train.max_tokens of base.yaml
     rows = []
     for backend in ["auto", "sdpa", "math"]:
@@ -336,7 +336,7 @@ def train_row(ctx: Ctx, cfg: ModelConfig, backend: str, vocab: int, max_tokens: 
         flops += train_flops(cfg, ns, nt, float((s**2).sum()) / ns, float((t**2).sum()) / nt, vocab)
         tgt_tokens += nt
     rate = flops / iters / sec
-    return [backend, str(max_len), f"{sec * 1e3:.1f}", f"{tgt_tokens / iters / sec:,.0f}", f"{rate / 1e12:.1f}",
+    return [backend, str(max_len), f"{sec * 1e3:.1f}", f"{tgt_tokens / iters / sec:,.0f}", f"{rate / 1e12:.3g}",
             f"{rate / peak:.1%}"]  # fmt: skip
 
 

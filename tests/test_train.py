@@ -315,9 +315,11 @@ def test_bf16_and_fp32_reach_similar_loss(tmp_path):
         run = tmp_path / precision
         synthetic_run(run, "copy", n_train=600, n_valid=8)
         steps = Collect()
-        config = synth_config("train.max_steps=60", "train.lr=0.005", "train.warmup=20", "train.eval_every=60",
-                              "train.eval_sentences=8", f"train.precision={precision}")  # fmt: skip
+        config = synth_config(
+            "train.max_steps=40", "train.lr=0.005", "train.warmup=20", "train.eval_every=40", "train.max_tokens=512",
+            "train.label_smoothing=0.0", "train.eval_sentences=8", f"train.precision={precision}",
+        )  # fmt: skip
         fit(config, run, on_step=steps)
         losses[precision] = float(np.mean(steps.losses[-10:]))
-    assert losses["fp32"] < 2.0  # it learned something (start: ln(20) + smoothing ≈ 3)
-    assert abs(losses["bf16"] - losses["fp32"]) < 0.15 * losses["fp32"] + 0.05, losses
+    assert losses["fp32"] < 2.5  # it learned something (uniform over 20 ids: ln 20 ≈ 3.0)
+    assert abs(losses["bf16"] - losses["fp32"]) < 0.1 * losses["fp32"], losses

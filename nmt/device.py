@@ -5,6 +5,9 @@ Precision policy (weights and optimizer state always stay fp32):
 - ``fp32``: no autocast.
 - ``bf16``: ``torch.autocast`` with bfloat16 on CPU or CUDA; no loss scaling needed.
 - ``fp16``: ``torch.autocast`` with float16, CUDA only, with a ``GradScaler``.
+- ``auto``: bf16 where the hardware multiplies bf16 natively (a CUDA GPU with bf16, or a CPU
+  with AVX512-BF16 or AMX), else fp32. On an AVX2-only CPU, bf16 matmuls are emulated and
+  run about 100x slower than fp32, so auto never picks them there.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import torch
 
 from nmt.errors import NmtError
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+_CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -39,8 +43,28 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
+def fast_bf16_available(device: torch.device) -> bool:
+    """True when bf16 matmuls run natively (not emulated) on `device`."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return any(flag in flags for flag in _CPU_BF16_FLAGS)
+
+
+def resolve_precision(device: torch.device, precision: str) -> str:
+    """'auto' → 'bf16' where it is fast on `device`, else 'fp32'; other values unchanged."""
+    if precision != "auto":
+        return precision
+    return "bf16" if fast_bf16_available(device) else "fp32"
+
+
 def check_precision(device: torch.device, precision: str) -> None:
     """Raise NmtError for a precision the device cannot train in."""
+    precision = resolve_precision(device, precision)
     if precision not in PRECISIONS:
         raise NmtError(f"train.precision: {precision!r} is not one of {' | '.join(PRECISIONS)}")
     if precision == "fp16" and device.type != "cuda":
@@ -50,14 +74,14 @@ def check_precision(device: torch.device, precision: str) -> None:
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:
-    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    return {"auto": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
 @contextlib.contextmanager
 def autocast(device: torch.device, precision: str) -> Iterator[None]:
     """Mixed-precision context for forward passes; a no-op for fp32."""
     check_precision(device, precision)
-    dtype = autocast_dtype(precision)
+    dtype = autocast_dtype(resolve_precision(device, precision))
     if dtype is None:
         yield
         return
@@ -68,7 +92,7 @@ def autocast(device: torch.device, precision: str) -> Iterator[None]:
 def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
     """A GradScaler that is enabled only for fp16 (disabled scalers pass everything through)."""
     check_precision(device, precision)
-    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    return torch.amp.GradScaler(device.type, enabled=resolve_precision(device, precision) == "fp16")
 
 
 def available_cores() -> int:
@@ -92,4 +116,5 @@ def describe(device: torch.device, precision: str) -> str:
         where = f"cuda:{index} {torch.cuda.get_device_name(index)}"
     else:
         where = f"cpu ({torch.get_num_threads()} threads)"
-    return f"{where}, {precision}"
+    resolved = resolve_precision(device, precision)
+    return f"{where}, {resolved}" + (" (auto)" if precision == "auto" else "")

@@ -30,7 +30,7 @@ from nmt import checkpoint as ckpt
 from nmt.batching import TokenBatchSampler, load_batch
 from nmt.config import Config, parse_duration
 from nmt.device import check_precision, describe, resolve_device, set_threads
-from nmt.distributed import DistInfo, broadcast, init_distributed, teardown
+from nmt.distributed import DistInfo, barrier, broadcast, init_distributed, teardown
 from nmt.errors import NmtError
 from nmt.trainer import StepResult, Trainer, TrainState
 from nmt.trainlog import TrainLog, format_values
@@ -111,6 +111,7 @@ class _Run:
         if restart and info.is_main:
             ckpt.clear_checkpoints(self.ckpt_dir)
             shutil.rmtree(run_dir / "tb", ignore_errors=True)
+        barrier()  # no rank may look for checkpoints before rank 0 has cleared them
         self._open_data()
         self.model = self._build_model(build)
         resumed = self._resume()
@@ -118,6 +119,7 @@ class _Run:
         self.trainer = Trainer(self.wrapped, t, device)
         if resumed is not None:
             self.trainer.load_state_dict(resumed[1], restore_rng=info.is_main)
+            self._check_world_size(resumed[1].get("world_size", 1))
         if not info.is_main:
             torch.manual_seed(t.seed + 7919 * info.rank + self.trainer.state.step)
         self.state = self.trainer.state
@@ -175,6 +177,15 @@ class _Run:
             return weights, state
         return None
 
+    def _check_world_size(self, saved: int) -> None:
+        """A different rank count reshards the data: continue from the start of the next epoch."""
+        if saved != self.info.world_size and self.trainer.state.batch_in_epoch:
+            self.notes.append(
+                f"resuming on {self.info.world_size} ranks (saved with {saved}): data restarts at the next epoch"
+            )
+            self.trainer.state.epoch += 1
+            self.trainer.state.batch_in_epoch = 0
+
     def _wrap(self, model: nn.Module) -> nn.Module:
         if self.config.train.compile:
             model = torch.compile(model)
@@ -218,6 +229,7 @@ class _Run:
                 stop = self._limit_reached() or self._after_update()
             if self.state.last_eval_step != self.state.step or ckpt.latest_checkpoint(self.ckpt_dir) is None:
                 self._evaluate_and_save()
+            barrier()
             self.log.line(f"stopped: {stop} at step {self.state.step}")
         return self._summary(stop) if self.info.is_main else {}
 
@@ -261,7 +273,7 @@ class _Run:
         """Evaluate on schedule; agree across ranks on time/patience stops (rank 0 decides)."""
         t, s = self.config.train, self.state
         code = 0
-        if s.step % t.eval_every == 0 and s.last_eval_step != s.step:
+        if s.step > 0 and s.step % t.eval_every == 0 and s.last_eval_step != s.step:
             self._evaluate_and_save()
             if t.patience and s.bad_evals >= t.patience:
                 code = 2
@@ -292,7 +304,7 @@ class _Run:
             self.log.line(f"  sample {i + 1}: src: {src}\n            hyp: {hyp}\n            ref: {ref}")
             self.log.text(f"samples/{i + 1}", f"src: {src}  \nhyp: {hyp}  \nref: {ref}", s.step)
         s.elapsed = self.elapsed0 + time.monotonic() - self.t0
-        state = self.trainer.state_dict()
+        state = {**self.trainer.state_dict(), "world_size": self.info.world_size}
         ckpt.save_checkpoint(self.ckpt_dir, s.step, self.model, state, self.config, self.config.train.keep_last)
 
     def _summary(self, stop: str | None) -> dict:

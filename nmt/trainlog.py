@@ -49,7 +49,7 @@ class TrainLog:
         """Print above the bar and append to train.log (with a timestamp)."""
         if not self.enabled:
             return
-        self.console.print(text, markup=False, highlight=False)
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(f"{stamp} {text}\n")

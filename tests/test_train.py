@@ -323,3 +323,44 @@ def test_bf16_and_fp32_reach_similar_loss(tmp_path):
         losses[precision] = float(np.mean(steps.losses[-10:]))
     assert losses["fp32"] < 2.5  # it learned something (uniform over 20 ids: ln 20 ≈ 3.0)
     assert abs(losses["bf16"] - losses["fp32"]) < 0.1 * losses["fp32"], losses
+
+
+# --------------------------------------------------------------------------- real data
+
+
+def test_overfits_32_real_validation_pairs(tmp_path, shared_data):
+    from nmt.corpus import prepare_corpus
+    from nmt.data import ParallelSplit
+    from nmt.model import build_model
+    from nmt.validation import Validator
+    from nmt.vocab import build_vocab, load_tokenizers
+
+    run = tmp_path / "real"
+    config = load_config(TINY, [
+        "model.d_model=64", "model.heads=4", "model.ffn_dim=128", "model.encoder_layers=2", "model.decoder_layers=2",
+        "train.threads=1", "train.label_smoothing=0.0", "train.lr=0.003", "train.warmup=20", "train.max_steps=150",
+        "train.eval_every=150", "train.eval_sentences=32", "train.log_every=25",
+    ])  # fmt: skip
+    prepare_corpus(config, run, mirror=str(shared_data))
+    build_vocab(config, run)
+    valid = ParallelSplit.open(run, "valid", config)
+    keep = [i for i in range(len(valid)) if 0 < valid.src_lengths[i] <= 20 and 0 < valid.tgt_lengths[i] <= 20][:32]
+    pairs = [tuple(x.tolist() for x in valid.pair(i)) for i in keep]
+    for lang in ("zh", "en"):  # the 32 pairs become both the training set and the raw references
+        lines = (run / "corpus" / f"valid.{lang}").read_text(encoding="utf-8").split("\n")
+        (run / "corpus" / f"valid.{lang}").write_text("\n".join(lines[i] for i in keep) + "\n", encoding="utf-8")
+    write_split(run, "train", pairs)
+    write_split(run, "valid", pairs)
+
+    steps = Collect()
+    summary = fit(config, run, on_step=steps)
+    assert np.mean(steps.losses[-5:]) < 0.05, steps.losses[-5:]
+    assert summary["valid_bleu"] > 90, summary
+    tensors, saved = ckpt.load_weights(Path(summary["checkpoint"]))
+    src_tok, tgt_tok = load_tokenizers(run, saved)
+    model = build_model(saved, src_tok.vocab_size, tgt_tok.vocab_size)
+    model.load_state_dict(tensors)
+    validator = Validator(saved, run, ParallelSplit.open(run, "valid", saved), torch.device("cpu"), tgt_tok)
+    hyps = validator.translate(model)
+    exact = sum(h == r for h, r in zip(hyps, validator.refs, strict=True))
+    assert exact >= 28, list(zip(hyps, validator.refs, strict=True))

@@ -25,17 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import functools
 import hashlib
 import json
-import os
 import random
 import re
 import unicodedata
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,57 +41,12 @@ from rich.table import Table
 
 from nmt.config import Config, DataConfig
 from nmt.errors import NmtError
+from nmt.readers import RECIPES, SPLITS, BadLines, Recipe, Source, count_lines, find_sources, get_recipe, read_split
 from nmt.runs import atomic_path, clear_stamp, hash_files, is_fresh, write_stamp
 
-SPLITS = ("train", "valid", "test")
 TRAIN_RULES = ("bad_line", "empty", "too_long", "ratio", "overlap", "duplicate", "subsampled")
 LATIN_CHARS_PER_HANZI = 3.0
-_MIRROR_STEMS = {"train": ("train",), "valid": ("validation", "valid", "dev"), "test": ("test",)}
 _LINE_BREAKS = re.compile(r"[\t\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """Where one corpus lives: a `datasets` hub name and config, and/or a mirror subdirectory."""
-
-    name: str
-    hub: str | None  # datasets hub path; None = mirror only
-    config: str | None  # hub config name
-    splits: tuple[tuple[str, str], ...]  # (our split, hub split name)
-    langs: tuple[str, str] = ("zh", "en")  # keys of the translation records
-    subdir: str = ""  # mirror subdirectory holding the split files
-    hub_kwargs: tuple[tuple[str, str], ...] = ()  # extra load_dataset keyword arguments
-
-
-_ALL = (("train", "train"), ("valid", "validation"), ("test", "test"))
-RECIPES: dict[str, Recipe] = {
-    r.name: r
-    for r in (
-        Recipe(
-            "tatoeba",
-            "Helsinki-NLP/tatoeba",
-            None,
-            (("train", "train"),),
-            subdir="tatoeba-zh-en",
-            hub_kwargs=(("lang1", "en"), ("lang2", "zh")),
-        ),
-        Recipe("wmt19", "wmt/wmt19", "zh-en", _ALL[:2], subdir="wmt19-zh-en"),
-        Recipe("wmt17", "wmt/wmt17", "zh-en", _ALL, subdir="wmt17-zh-en"),
-        Recipe("opus100", "Helsinki-NLP/opus-100", "en-zh", _ALL, subdir="opus100-en-zh"),
-        Recipe("iwslt2017", "IWSLT/iwslt2017", "iwslt2017-zh-en", _ALL, subdir="iwslt2017-zh-en"),
-        Recipe("news_commentary", "Helsinki-NLP/news_commentary", "en-zh", _ALL[:1], subdir="news-commentary-en-zh"),
-        Recipe("wmt_news", None, None, (), subdir="wmt-news-zh-en"),
-    )
-}
-
-
-def get_recipe(name: str) -> Recipe:
-    if name not in RECIPES:
-        match = difflib.get_close_matches(name, list(RECIPES), n=1, cutoff=0.5)
-        hint = f" (did you mean {match[0]!r}?)" if match else ""
-        raise NmtError(f"data.corpus: unknown corpus {name!r}{hint}; known: {', '.join(sorted(RECIPES))}")
-    return RECIPES[name]
-
 
 # --------------------------------------------------------------------------- normalisation
 
@@ -144,175 +96,6 @@ def _hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
 
 
-# --------------------------------------------------------------------------- reading
-
-
-@dataclass(frozen=True)
-class Source:
-    kind: str  # jsonl | tsv | plain | hub | none
-    paths: tuple[Path, ...] = ()
-    label: str = ""
-    hub_split: str = ""
-
-
-class _BadLines:
-    """Counts skipped lines of one file; remembers the first (and, for test, all) line numbers."""
-
-    def __init__(self, label: str, keep_lines: bool = False) -> None:
-        self.label, self.keep_lines = label, keep_lines
-        self.count, self.first, self.reason = 0, 0, ""
-        self.lines: set[int] = set()
-
-    def add(self, lineno: int, reason: str) -> None:
-        if not self.count:
-            self.first, self.reason = lineno, reason
-        self.count += 1
-        if self.keep_lines:
-            self.lines.add(lineno)
-
-    def warn(self) -> None:
-        if self.count:
-            plural = "s" if self.count > 1 else ""
-            msg = f"{self.label}:{self.first}: {self.reason} (skipped {self.count} bad line{plural})"
-            warnings.warn(msg, stacklevel=3)
-
-
-def _pair_from_record(obj: object, src: str, tgt: str) -> tuple[str, str] | str:
-    """(src, tgt) from a translation record, or the reason it is unusable."""
-    rec = obj.get("translation", obj) if isinstance(obj, dict) else None
-    if not isinstance(rec, dict):
-        return "not a translation record"
-    for key in (src, tgt):
-        if not isinstance(rec.get(key), str):
-            return f"record missing {key!r}"
-    return rec[src], rec[tgt]
-
-
-def _parse_json(text: str, src: str, tgt: str) -> tuple[str, str] | str:
-    try:
-        return _pair_from_record(json.loads(text), src, tgt)
-    except json.JSONDecodeError:
-        return "invalid JSON"
-
-
-def _parse_tsv(text: str, src: str, tgt: str) -> tuple[str, str] | str:
-    """source<TAB>target; further columns (e.g. attribution) are ignored."""
-    fields = text.rstrip("\r\n").split("\t")
-    return (fields[0], fields[1]) if len(fields) >= 2 else "expected source<TAB>target"
-
-
-def _read_lines(path: Path, parse: Callable, data: DataConfig, bad: _BadLines) -> Iterator[tuple[int, str, str]]:
-    with open(path, "rb") as f:  # bytes: a bad line is skipped, not fatal; only b"\n" ends a line
-        for n, raw in enumerate(f, 1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                bad.add(n, "invalid UTF-8")
-                continue
-            pair = parse(text, data.src_lang, data.tgt_lang) if text.strip() else "blank line"
-            if isinstance(pair, str):
-                bad.add(n, pair)
-                continue
-            yield n, pair[0], pair[1]
-
-
-def _count_lines(path: Path) -> int:
-    n, last = 0, b"\n"
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            n += chunk.count(b"\n")
-            last = chunk[-1:]
-    return n + (last != b"\n")
-
-
-def _read_plain(src_path: Path, tgt_path: Path, bad: _BadLines) -> Iterator[tuple[int, str, str]]:
-    a, b = _count_lines(src_path), _count_lines(tgt_path)
-    if a != b:
-        raise NmtError(f"{src_path} has {a} lines but {tgt_path} has {b}: parallel files must align")
-    with open(src_path, "rb") as fs, open(tgt_path, "rb") as ft:
-        for n, (rs, rt) in enumerate(zip(fs, ft, strict=True), 1):
-            try:
-                yield n, rs.decode("utf-8").rstrip("\r\n"), rt.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError:
-                bad.add(n, "invalid UTF-8")
-
-
-def _read_hub(recipe: Recipe, split: str, src: str, tgt: str, bad: _BadLines) -> Iterator[tuple[int, str, str]]:
-    import datasets
-
-    where = f"hub {recipe.hub} ({recipe.config or 'default'}, {split})"
-    try:
-        ds = datasets.load_dataset(recipe.hub, recipe.config, split=split, streaming=True, **dict(recipe.hub_kwargs))
-    except Exception as e:  # network, missing dataset, auth: all user-fixable
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise NmtError(f"{where}: could not load ({reason}); use --mirror DIR, data.mirror or NMT_MIRROR") from None
-    for n, obj in enumerate(ds, 1):
-        pair = _pair_from_record(obj, src, tgt)
-        if isinstance(pair, str):
-            bad.add(n, pair)
-            continue
-        yield n, pair[0], pair[1]
-
-
-def _read(source: Source, recipe: Recipe, data: DataConfig, bad: _BadLines) -> Iterator[tuple[int, str, str]]:
-    """Stream (line number, source text, target text) of the usable records of one split."""
-    if source.kind in ("jsonl", "tsv"):
-        return _read_lines(source.paths[0], _parse_json if source.kind == "jsonl" else _parse_tsv, data, bad)
-    if source.kind == "plain":
-        return _read_plain(source.paths[0], source.paths[1], bad)
-    if source.kind == "hub":
-        return _read_hub(recipe, source.hub_split, data.src_lang, data.tgt_lang, bad)
-    return iter(())
-
-
-def _mirror_root(data: DataConfig, mirror: str | None) -> Path | None:
-    candidates = (("--mirror", mirror), ("data.mirror", data.mirror), ("NMT_MIRROR", os.environ.get("NMT_MIRROR")))
-    for origin, value in candidates:
-        if value:
-            root = Path(value).expanduser()
-            if not root.is_dir():
-                raise NmtError(f"{root}: mirror directory not found (from {origin})")
-            return root
-    return None
-
-
-def _mirror_split(folder: Path, split: str, data: DataConfig) -> Source:
-    for stem in _MIRROR_STEMS[split]:
-        for kind in ("jsonl", "tsv"):
-            if (folder / f"{stem}.{kind}").is_file():
-                return Source(kind, (folder / f"{stem}.{kind}",), str(folder / f"{stem}.{kind}"))
-        pair = (folder / f"{stem}.{data.src_lang}", folder / f"{stem}.{data.tgt_lang}")
-        if pair[0].is_file() != pair[1].is_file():
-            have, missing = pair if pair[0].is_file() else pair[::-1]
-            raise NmtError(f"{missing}: not found, but {have.name} is there (plain files come in pairs)")
-        if pair[0].is_file():
-            return Source("plain", pair, f"{pair[0]}+{pair[1].suffix}")
-    return Source("none", label=str(folder / f"{split}.jsonl"))
-
-
-def find_sources(recipe: Recipe, data: DataConfig, mirror: str | None = None) -> dict[str, Source]:
-    """Where each split comes from: the mirror (argument, data.mirror, NMT_MIRROR) or the hub."""
-    root = _mirror_root(data, mirror)
-    if root is not None:
-        folder = root / recipe.subdir if recipe.subdir and (root / recipe.subdir).is_dir() else root
-        sources = {split: _mirror_split(folder, split, data) for split in SPLITS}
-        where = f"mirror {folder} (looked for train.jsonl, train.tsv, train.{data.src_lang}+train.{data.tgt_lang})"
-    elif recipe.hub is None:
-        raise NmtError(f"data.corpus: {recipe.name!r} is mirror-only: pass --mirror DIR, set data.mirror or NMT_MIRROR")
-    else:
-        hub = dict(recipe.splits)
-        sources = {
-            s: Source("hub", label=f"hub {recipe.hub}:{hub[s]}", hub_split=hub[s]) if s in hub else Source("none")
-            for s in SPLITS
-        }
-        where = f"hub {recipe.hub}"
-    if sources["train"].kind == "none":
-        raise NmtError(f"corpus {recipe.name!r} has no train split in {where}; it can only be used for evaluation")
-    if sources["valid"].kind == "none":
-        raise NmtError(f"corpus {recipe.name!r} has no validation split in {where}")
-    return sources
-
-
 # --------------------------------------------------------------------------- cleaning and writing
 
 
@@ -357,9 +140,9 @@ def _reservoir(items: Iterator[tuple[str, str]], k: int, seed: int) -> tuple[lis
 
 
 def _write_train(source: Source, recipe: Recipe, data: DataConfig, tmp: dict[str, Path], held: set[int]) -> dict:
-    bad = _BadLines(source.label)
+    bad = BadLines(source.label)
     dropped = dict.fromkeys(TRAIN_RULES, 0)
-    pairs = _train_pairs(_read(source, recipe, data, bad), data, held, dropped)
+    pairs = _train_pairs(read_split(source, recipe, data, bad), data, held, dropped)
     if data.max_train_pairs is not None:
         sample, seen = _reservoir(pairs, data.max_train_pairs, data.seed)
         dropped["subsampled"] = seen - len(sample)
@@ -385,15 +168,15 @@ def _write_train(source: Source, recipe: Recipe, data: DataConfig, tmp: dict[str
 
 def _write_eval(
     source: Source, recipe: Recipe, data: DataConfig, split: str, tmp: dict[str, Path], held: set[int]
-) -> tuple[dict, _BadLines]:
+) -> tuple[dict, BadLines]:
     """Raw references: whitespace-stripped only. Valid drops pairs with both sides empty."""
-    bad = _BadLines(source.label, keep_lines=True)
+    bad = BadLines(source.label, keep_lines=True)
     read = kept = 0
     with (
         open(tmp[f"{split}.{data.src_lang}"], "w", encoding="utf-8") as fs,
         open(tmp[f"{split}.{data.tgt_lang}"], "w", encoding="utf-8") as ft,
     ):
-        for _, s, t in _read(source, recipe, data, bad):
+        for _, s, t in read_split(source, recipe, data, bad):
             read += 1
             s, t = strip_text(s), strip_text(t)
             if split == "valid" and not s and not t:
@@ -409,10 +192,10 @@ def _write_eval(
     return {"source": source.label, "read": read + bad.count, "kept": kept, "dropped": dropped}, bad
 
 
-def _write_codes(test: Source, bad: _BadLines, read: int, tmp: Path) -> None:
+def _write_codes(test: Source, bad: BadLines, read: int, tmp: Path) -> None:
     """Copy test.codes.txt, skipping the lines skipped in the test file so both stay aligned."""
     codes = test.paths[0].parent / "test.codes.txt"
-    n = _count_lines(codes)
+    n = count_lines(codes)
     if n != read:
         raise NmtError(f"{codes} has {n} lines but {test.label} has {read}: codes must align with the test set")
     with open(codes, encoding="utf-8") as f, open(tmp, "w", encoding="utf-8") as out:
@@ -491,3 +274,6 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
     print_stats(stats)
     write_stamp(run_dir, "download", digest, {"corpus": recipe.name})
     return stats
+
+
+__all__ = ["RECIPES", "SPLITS", "TRAIN_RULES", "length_ratio", "normalize_source", "normalize_target", "prepare_corpus"]

@@ -50,8 +50,9 @@ def subset(run: Path, n: int, seed: int) -> tuple[list[str], list[str]]:
 
 
 def load(args: argparse.Namespace, precision: str) -> Translator:
-    tr = Translator.from_run(args.run, checkpoint=args.checkpoint, device="cpu",
-                             precision="bf16" if precision == "bf16" else "fp32")
+    tr = Translator.from_run(
+        args.run, checkpoint=args.checkpoint, device="cpu", precision="bf16" if precision == "bf16" else "fp32"
+    )
     if precision == "int8":
         tr.model = torch.ao.quantization.quantize_dynamic(tr.model, {torch.nn.Linear}, dtype=torch.qint8)
     return tr
@@ -80,9 +81,11 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     src, ref = subset(args.run, args.sentences, args.seed)
     batches = [int(b) for b in args.batches.split(",")]
-    print(f"# bench_decode: run={args.run} subset={len(src)} seed={args.seed} torch={torch.__version__} "
-          f"threads={torch.get_num_threads()} cpu={platform.processor() or platform.machine()} "
-          f"fast_bf16={fast_bf16_available(torch.device('cpu'))} date={time.strftime('%Y-%m-%d')}")
+    print(
+        f"# bench_decode: run={args.run} subset={len(src)} seed={args.seed} torch={torch.__version__} "
+        f"threads={torch.get_num_threads()} cpu={platform.processor() or platform.machine()} "
+        f"fast_bf16={fast_bf16_available(torch.device('cpu'))} date={time.strftime('%Y-%m-%d')}"
+    )
     print()
     print("| precision | batch | search | sentences | sentences/s | target tokens/s | BLEU |")
     print("|---|---:|---|---:|---:|---:|---:|")
@@ -92,8 +95,11 @@ def main() -> None:
             n = args.batch1_sentences if batch == 1 else len(src)
             for name, beam in (("greedy", 1), (f"beam {args.beam}", args.beam)):
                 r = measure(tr, src[:n], ref[:n], batch, beam)
-                print(f"| {precision} | {batch} | {name} | {r['n']} | {r['sent_s']:.1f} | {r['tok_s']:.0f} "
-                      f"| {r['bleu']:.2f} |", flush=True)
+                print(
+                    f"| {precision} | {batch} | {name} | {r['n']} | {r['sent_s']:.1f} | {r['tok_s']:.0f} "
+                    f"| {r['bleu']:.2f} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,175 @@
+#!/usr/bin/env python
+"""Training throughput of the peers' reference shape, per precision and attention backend.
+
+Shape (issue 6, identical for every toolkit compared): 3+3 layers, d_model 256, 4 heads,
+FFN 1024, pre-norm, tied decoder embedding, unigram SentencePiece zh 8k / en 5.8k, ~4096-token
+batches, label smoothing 0.1, Adam(0.9, 0.98), lr 1e-3, inverse-sqrt warmup 1000, Tatoeba
+train. Each variant runs in its own process (so peak RSS is its own), trains `--warmup`
+updates untimed, then `--steps` timed updates on real batches in the sampler's order.
+
+MFU = analytic training FLOPs of the timed batches (nmt.flops.train_flops, formula printed
+below, real tokens only) / time / the matmul peak of this machine measured in the same run
+(fp32 and bf16, 2048² matmuls), so the figure is a ratio that survives a noisy machine.
+
+    python scripts/bench_train.py                      # fp32/bf16 × sdpa/math
+    python scripts/bench_train.py --variants fp32-sdpa,fp32-sdpa-compile --steps 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from nmt.config import Config, load_config  # noqa: E402
+from nmt.device import fast_bf16_available, set_threads  # noqa: E402
+from nmt.flops import matmul_peak_flops, train_flops  # noqa: E402
+
+REFERENCE = [
+    "vocab.src_size=8000", "vocab.tgt_size=5800", "model.d_model=256", "model.heads=4",
+    "model.encoder_layers=3", "model.decoder_layers=3", "model.ffn_dim=1024", "model.norm=pre",
+    "model.tie_embeddings=true", "train.max_tokens=4096", "train.label_smoothing=0.1", "train.lr=0.001",
+    "train.warmup=1000", "model.dropout=0.1", "train.max_len=128",
+]  # fmt: skip
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", type=Path, default=ROOT / "runs" / "bench-ref", help="run dir with (or for) the data")
+    p.add_argument("--mirror", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--variants", default="fp32-sdpa,fp32-math,bf16-sdpa,bf16-math")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--force-bf16", action="store_true", help="run bf16 even where it is emulated (very slow)")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one variant, print JSON
+    return p.parse_args()
+
+
+def reference_config(variant: str) -> Config:
+    precision, backend, *extra = variant.split("-")
+    overrides = REFERENCE + [
+        f"train.precision={precision}", f"model.attention={backend}",
+        f"train.compile={'true' if 'compile' in extra else 'false'}", "name=bench-ref",
+    ]  # fmt: skip
+    return load_config(ROOT / "configs" / "small.yaml", overrides)
+
+
+def prepare_data(args: argparse.Namespace) -> None:
+    from nmt.corpus import prepare_corpus
+    from nmt.runs import init_run
+    from nmt.vocab import build_vocab
+
+    config = reference_config("fp32-sdpa")
+    init_run(config, args.run)
+    prepare_corpus(config, args.run, mirror=args.mirror)
+    build_vocab(config, args.run)
+
+
+def run_one(args: argparse.Namespace, variant: str) -> dict:
+    """Train one variant in this process; return its measurements."""
+    from nmt.batching import TokenBatchSampler, load_batch
+    from nmt.data import ParallelSplit
+    from nmt.model import build_model
+    from nmt.trainer import Trainer
+    from nmt.vocab import load_tokenizers
+
+    config = reference_config(variant)
+    set_threads(args.threads)
+    torch.manual_seed(1)
+    src_tok, tgt_tok = load_tokenizers(args.run, config)
+    data = ParallelSplit.open(args.run, "train", config)
+    sampler = TokenBatchSampler(data.src_lengths, data.tgt_lengths, config.train.max_tokens, config.train.max_len)
+    batches = sampler.epoch_batches(0)
+    model = build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
+    if config.train.compile:
+        model = torch.compile(model)
+    trainer = Trainer(model, config.train, torch.device("cpu"))
+    device = torch.device("cpu")
+    losses, tgt_tokens, all_tokens, flops, seconds = [], 0, 0, 0.0, 0.0
+    for i in range(args.warmup + args.steps):
+        src, tgt_in, tgt_out = (t.to(device) for t in load_batch(data, batches[i % len(batches)]))
+        start = time.perf_counter()
+        result = trainer.update([(src, tgt_in, tgt_out)])
+        elapsed = time.perf_counter() - start
+        losses.append(result.loss)
+        if i < args.warmup:
+            continue
+        seconds += elapsed
+        n_src, n_tgt = int((src != 0).sum()), int((tgt_out != 0).sum())
+        tgt_tokens += n_tgt
+        all_tokens += n_src + n_tgt
+        flops += train_flops(config.model, n_src, n_tgt, src.shape[1], tgt_out.shape[1], tgt_tok.vocab_size)
+    return {
+        "variant": variant,
+        "tgt_tok_s": tgt_tokens / seconds,
+        "all_tok_s": all_tokens / seconds,
+        "flop_s": flops / seconds,
+        "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "loss_first": losses[0],
+        "loss_last": sum(losses[-5:]) / len(losses[-5:]),
+        "steps": args.steps,
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    if args.one:
+        print(json.dumps(run_one(args, args.one)))
+        return
+    prepare_data(args)
+    set_threads(args.threads)
+    cpu = torch.device("cpu")
+    peak = {"fp32": matmul_peak_flops(torch.float32), "bf16": matmul_peak_flops(torch.bfloat16, repeats=2)}
+    fast = fast_bf16_available(cpu)
+    print(
+        f"# bench_train: torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}, native bf16: {fast}"
+    )
+    print(
+        f"# matmul peak (2048², this run): fp32 {peak['fp32'] / 1e9:.1f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.1f} GFLOP/s"
+    )
+    print(f"# timed: {args.steps} updates after {args.warmup} warm-up updates, ~4096-token batches")
+    print()
+    print(
+        "| variant | target tok/s | src+tgt tok/s | GFLOP/s | MFU (own precision) | MFU (vs bf16 peak) "
+        "| peak RSS GiB | loss first → last |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for variant in args.variants.split(","):
+        if variant.startswith("bf16") and not fast and not args.force_bf16:
+            print(
+                f"| {variant} | skipped: no native bf16 on this CPU (bf16 matmul peak "
+                f"{peak['bf16'] / 1e9:.1f} GFLOP/s); --force-bf16 runs it | | | | | | |",
+                flush=True,
+            )
+            continue
+        cmd = [sys.executable, __file__, "--run", str(args.run), "--one", variant, "--warmup", str(args.warmup),
+               "--steps", str(args.steps), "--threads", str(args.threads)]  # fmt: skip
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        r = json.loads(out)
+        own = peak["bf16" if variant.startswith("bf16") else "fp32"]
+        print(
+            f"| {variant} | {r['tgt_tok_s']:,.0f} | {r['all_tok_s']:,.0f} | {r['flop_s'] / 1e9:.1f} "
+            f"| {100 * r['flop_s'] / own:.0f}% | {100 * r['flop_s'] / peak['bf16']:.0f}% | {r['rss_gib']:.2f} "
+            f"| {r['loss_first']:.2f} → {r['loss_last']:.2f} |",
+            flush=True,
+        )
+    print()
+    print(
+        "FLOPs per update = 3 × forward; forward = E·N_s(8D² + 4DF + 4SD) + L·[N_t(12D² + 4TD + 4SD + 4DF)"
+        " + N_s·4D²] + N_t·2DV  (nmt/flops.py)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -71,3 +71,13 @@ def test_set_threads():
             set_threads(-1)
     finally:
         torch.set_num_threads(before)
+
+
+def test_auto_precision_resolves_to_a_concrete_one():
+    from nmt.device import fast_bf16_available, resolve_precision
+
+    cpu = torch.device("cpu")
+    assert resolve_precision(cpu, "auto") == ("bf16" if fast_bf16_available(cpu) else "fp32")
+    for p in ("fp32", "bf16"):
+        assert resolve_precision(cpu, p) == p
+    assert not grad_scaler(cpu, "auto").is_enabled()

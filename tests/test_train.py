@@ -271,6 +271,20 @@ def test_resume_skips_a_partial_newest_checkpoint(tmp_path):
     assert "step_6.safetensors" in (run / "train.log").read_text()
 
 
+def test_stopping_rules(tmp_path):
+    synthetic_run(tmp_path / "s", "reverse", n_train=150, n_valid=8)
+    base = ["train.max_tokens=200", "train.eval_sentences=8", "train.max_steps=1000"]
+    # lr ~ 0: BLEU never improves after the first evaluation → stop after `patience` more
+    s = fit(synth_config(*base, "train.lr=0.000000001", "train.eval_every=2", "train.patience=2"), tmp_path / "s")
+    assert (s["stopped"], s["steps"], s["best_step"]) == ("patience", 6, 2)
+    s = fit(synth_config(*base, "train.eval_every=500", "train.max_epochs=1"), tmp_path / "s", restart=True)
+    assert s["stopped"] == "max_epochs" and s["epochs"] == 1.0
+    assert s["checkpoint"].endswith(f"step_{s['steps']}.safetensors")  # final eval + checkpoint off-schedule
+    s = fit(synth_config(*base, "train.eval_every=500", "train.max_time=1s"), tmp_path / "s", restart=True)
+    assert s["stopped"] == "max_time" and 0 < s["steps"] < 1000
+    assert s["checkpoint"].endswith(f"step_{s['steps']}.safetensors")
+
+
 KILL_SCRIPT = """
 import sys
 from pathlib import Path

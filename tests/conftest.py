@@ -69,3 +69,12 @@ def tiny_run(tmp_path_factory, mini_mirror) -> Path:
     init_run(config, run_dir)
     run_pipeline(config, run_dir, mirror=str(mini_mirror))
     return run_dir
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread (and the CI machine's cores are shared)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

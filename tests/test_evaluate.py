@@ -15,13 +15,7 @@ from nmt.errors import NmtError
 from nmt.evaluate import evaluate_run, read_lines, score, score_by_code
 from nmt.translate import DecodeStats
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _degrade(text: str, i: int) -> str:

@@ -17,13 +17,7 @@ from nmt.search import Hypothesis, beam_search, greedy_search
 A, B, C = 4, 5, 6  # the toy vocabulary's real tokens
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread (and the CI machine's cores are shared)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --------------------------------------------------------------------------- toy models

@@ -222,17 +222,21 @@ class Transformer(nn.Module):
             x = layer(x, src_pad)
         return EncoderOut(memory=self.encoder.norm(x), src_pad=src_pad)
 
-    def decode(self, tgt_in: Tensor, enc: EncoderOut) -> Tensor:
-        """Teacher-forced decoder: tgt_in (B, T) → logits (B, T, V)."""
+    def decode(self, tgt_in: Tensor, enc: EncoderOut, keep: Tensor | None = None) -> Tensor:
+        """Teacher-forced decoder: tgt_in (B, T) → logits (B, T, V), or (N, V) at the N positions
+        where `keep` (B, T) is True (row-major order), so that no output projection is spent on pads."""
         tgt_pad = padding_mask(tgt_in, PAD_ID)
         x = self._embed(tgt_in, self.tgt_embed, self.tgt_positions)  # (B, T, D)
         for layer in self.decoder.layers:
             x = layer(x, enc.memory, enc.src_pad, tgt_pad)
+        if keep is not None:
+            x = x[keep]  # (N, D)
         return self._logits(self.decoder.norm(x))
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """src (B, S), tgt_in (B, T) → logits (B, T, V); masks come from PAD_ID."""
-        return self.decode(tgt_in, self.encode(src))
+    def forward(self, src: Tensor, tgt_in: Tensor, keep: Tensor | None = None) -> Tensor:
+        """src (B, S), tgt_in (B, T) → logits (B, T, V); masks come from PAD_ID. With `keep` (B, T)
+        bool (the trainer passes ``tgt_out != PAD_ID``): packed logits (N, V) at those positions."""
+        return self.decode(tgt_in, self.encode(src), keep)
 
     # ----------------------------------------------------------------------- incremental decoding
 

@@ -13,12 +13,42 @@ from nmt.config import TrainConfig
 from nmt.errors import NmtError
 
 
+class _SmoothedCrossEntropy(torch.autograd.Function):
+    """Per-row label-smoothed cross-entropy of (N, V) logits with a hand-written backward.
+
+    Forward: one log-softmax lp (N, V); nll = -lp[y], loss = (1 - ε) · nll - ε · mean_v lp.
+    Backward: d loss / d logits = softmax - ε/V - (1 - ε) · onehot(y), built in place in one
+    (N, V) buffer. Autograd through log_softmax → gather → mean would materialise several (N, V)
+    tensors (scatter into zeros, the broadcast division of the mean, the log-softmax backward).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
+        lprobs = F.log_softmax(logits, dim=-1)  # (N, V)
+        nll = -lprobs.gather(1, target[:, None]).squeeze(1)  # (N,)
+        loss = (1.0 - epsilon) * nll - epsilon * lprobs.mean(dim=-1)  # (N,)
+        ctx.save_for_backward(lprobs, target)
+        ctx.epsilon = epsilon
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor, _grad_nll: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        lprobs, target = ctx.saved_tensors
+        eps = ctx.epsilon
+        grad = lprobs.exp().sub_(eps / lprobs.size(1)).mul_(grad_loss[:, None])  # (N, V)
+        grad.scatter_add_(1, target[:, None], (-(1.0 - eps) * grad_loss)[:, None])
+        return grad, None, None
+
+
 def label_smoothed_nll(
     logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int = PAD_ID
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Summed label-smoothed cross-entropy over non-pad target positions.
 
-    logits (B, T, V), target (B, T). With p = softmax(logits) in fp32, per position:
+    logits (..., V) and target (...) of matching leading shapes: (B, T, V) and (B, T), or
+    logits already packed to the real positions, (N, V) and (N,). With p = softmax(logits) in
+    fp32, per position:
 
         loss = (1 - ε) · (-log p[y]) + ε · mean_v(-log p[v])
 
@@ -26,14 +56,14 @@ def label_smoothed_nll(
     ``F.cross_entropy(label_smoothing=ε)``). Returns (loss sum, plain NLL sum, token count);
     divide by the token count for the per-token loss (the NLL gives the perplexity).
     """
-    lprobs = F.log_softmax(logits.float(), dim=-1).flatten(0, -2)  # (B*T, V)
+    logits = logits.float().flatten(0, -2)  # (N, V)
     target = target.reshape(-1)
     mask = target != ignore_index
-    lprobs, target = lprobs[mask], target[mask]
-    nll = -lprobs.gather(1, target.unsqueeze(1)).squeeze(1)  # (N,)
-    smooth = -lprobs.mean(dim=-1)  # (N,)
-    loss = (1.0 - epsilon) * nll + epsilon * smooth
-    return loss.sum(), nll.detach().sum(), int(mask.sum())
+    n = int(mask.sum())
+    if n < target.numel():  # packed logits (the training path) skip this (N, V) copy
+        logits, target = logits[mask], target[mask]
+    loss, nll = _SmoothedCrossEntropy.apply(logits, target, epsilon)
+    return loss.sum(), nll.sum(), n
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -70,7 +100,8 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay only on matrices (not on biases, norms or 1-d parameters)."""
+    """AdamW (fused where the parameters allow); weight decay only on matrices (not on biases,
+    norms or 1-d parameters)."""
     decay, no_decay = [], []
     seen: set[int] = set()
     for p in model.parameters():
@@ -82,4 +113,6 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=learning_rate(1, cfg), betas=cfg.betas, eps=cfg.eps)
+    # The fused kernel updates every tensor in one pass (on CPU ~4x faster than the default loop).
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in decay + no_decay)
+    return torch.optim.AdamW(groups, lr=learning_rate(1, cfg), betas=cfg.betas, eps=cfg.eps, fused=fused)

@@ -1,7 +1,8 @@
 """One optimizer update: accumulation, loss normalisation, clipping, non-finite handling.
 
 `Trainer` works with any ``nn.Module`` whose ``forward(src, tgt_in)`` returns logits
-(B, T, V), wrapped in DDP or not. The loss of an update is normalised by the number of
+(B, T, V), wrapped in DDP or torch.compile or not; a `Transformer` is asked for logits at the
+non-pad target positions only, packed (N, V). The loss of an update is normalised by the number of
 target tokens summed over every micro-batch and every rank, so one process with
 ``update_freq = k`` and k processes with ``update_freq = 1`` compute the same gradient.
 """
@@ -23,9 +24,11 @@ from nmt.config import TrainConfig
 from nmt.device import autocast, grad_scaler
 from nmt.distributed import all_reduce_sum, world_size
 from nmt.errors import NmtError
+from nmt.model import Transformer
 from nmt.objective import build_optimizer, label_smoothed_nll, learning_rate, set_learning_rate
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src (B,S), tgt_in (B,T), tgt_out (B,T)
+LogitsTarget = tuple[torch.Tensor, torch.Tensor]  # (B,T,V), (B,T) or packed (N,V), (N,)
 
 
 @dataclass
@@ -75,6 +78,8 @@ class Trainer:
         self.optimizer = build_optimizer(model, cfg)
         self.scaler = grad_scaler(device, cfg.precision)
         self.state = state or TrainState()
+        inner = getattr(model, "module", model)  # DistributedDataParallel
+        self.packed = isinstance(getattr(inner, "_orig_mod", inner), Transformer)  # torch.compile
 
     def update(self, batches: list[Batch]) -> StepResult:
         """Forward/backward every micro-batch, then one optimizer step (or a counted skip)."""
@@ -87,8 +92,8 @@ class Trainer:
         for i, (src, tgt_in, tgt_out) in enumerate(batches):
             with self._no_sync(last=i == len(batches) - 1):
                 with autocast(self.device, self.cfg.precision):
-                    logits = self.model(src, tgt_in)  # (B, T, V)
-                loss, nll, n = label_smoothed_nll(logits, tgt_out, self.cfg.label_smoothing)
+                    logits, target = self._logits(src, tgt_in, tgt_out)
+                loss, nll, n = label_smoothed_nll(logits, target, self.cfg.label_smoothing)
                 self.scaler.scale(loss * scale).backward()
             sums += torch.stack([loss.detach().double(), nll.double(), torch.tensor(float(n), device=self.device)])
         all_reduce_sum(sums)
@@ -99,6 +104,13 @@ class Trainer:
         lr = learning_rate(number, self.cfg)
         norm, applied = self._apply(lr, finite_loss=math.isfinite(loss_tok))
         return StepResult(number, loss_tok, nll_tok, int(total), norm, lr, not applied, pad, slots)
+
+    def _logits(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor) -> LogitsTarget:
+        """(logits, target): packed (N, V), (N,) for a Transformer, else (B, T, V), (B, T)."""
+        if not self.packed:
+            return self.model(src, tgt_in), tgt_out
+        keep = tgt_out != PAD_ID  # (B, T)
+        return self.model(src, tgt_in, keep), tgt_out[keep]
 
     def _no_sync(self, last: bool) -> contextlib.AbstractContextManager:
         if not last and hasattr(self.model, "no_sync"):

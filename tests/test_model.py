@@ -186,6 +186,17 @@ def test_initialisation():
     assert len(storages) == len(list(model.parameters()))  # every layer has its own parameters
 
 
+def test_packed_logits_are_the_real_rows_of_the_full_logits():
+    model = make_model()
+    src, tgt = batch(B=5)
+    keep = tgt != PAD_ID
+    assert not keep.all()
+    with torch.no_grad():
+        full, packed = model(src, tgt), model(src, tgt, keep)
+    assert packed.shape == (int(keep.sum()), TGT_V)
+    torch.testing.assert_close(packed, full[keep])
+
+
 def test_tied_output_projection_is_the_decoder_embedding():
     model = make_model()
     assert model.output_proj is None

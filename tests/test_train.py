@@ -97,6 +97,26 @@ def test_label_smoothing_matches_cross_entropy_and_ignores_pad():
         torch.testing.assert_close(nll, plain)
 
 
+def test_label_smoothing_gradient_matches_cross_entropy_padded_and_packed():
+    torch.manual_seed(1)
+    logits = torch.randn(4, 6, 13)
+    target = torch.randint(4, 13, (4, 6))
+    target[1, 2:] = PAD_ID
+    target[3, 5:] = PAD_ID
+    keep = target != PAD_ID
+    ref_in = logits.clone().requires_grad_()
+    F.cross_entropy(ref_in.flatten(0, 1), target.flatten(), ignore_index=PAD_ID, label_smoothing=0.1,
+                    reduction="sum").backward()  # fmt: skip
+    padded_in = logits.clone().requires_grad_()
+    label_smoothed_nll(padded_in, target, 0.1)[0].backward()
+    packed_in = logits[keep].clone().requires_grad_()  # (N, V), what the trainer passes for a Transformer
+    loss, nll, n = label_smoothed_nll(packed_in, target[keep], 0.1)
+    (2.0 * loss).backward()
+    assert n == int(keep.sum()) and not nll.requires_grad
+    torch.testing.assert_close(padded_in.grad, ref_in.grad)
+    torch.testing.assert_close(packed_in.grad, 2.0 * ref_in.grad[keep])
+
+
 def test_label_smoothing_by_hand():
     # one position, V = 4, logits log([0.1, 0.2, 0.3, 0.4]) → p exactly those; target id 3 (p = 0.4)
     p = torch.tensor([0.1, 0.2, 0.3, 0.4])

@@ -39,6 +39,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--precisions", default="fp32,bf16,int8")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--threads", type=int, default=0, help="0 = all cores")
+    p.add_argument("--force-bf16", action="store_true", help="run bf16 even where it is emulated (very slow)")
     return p.parse_args()
 
 
@@ -89,7 +90,15 @@ def main() -> None:
     print()
     print("| precision | batch | search | sentences | sentences/s | target tokens/s | BLEU |")
     print("|---|---:|---|---:|---:|---:|---:|")
+    fast_bf16 = fast_bf16_available(torch.device("cpu"))
     for precision in args.precisions.split(","):
+        if precision == "bf16" and not fast_bf16 and not args.force_bf16:
+            print(
+                "| bf16 | | | | skipped: no native bf16 on this CPU (emulated, ~150x slower than fp32); "
+                "--force-bf16 runs it | | |",
+                flush=True,
+            )
+            continue
         tr = load(args, precision)
         for batch in batches:
             n = args.batch1_sentences if batch == 1 else len(src)

@@ -151,6 +151,8 @@ class MultiHeadAttention(nn.Module):
         self.dropout, self.backend = dropout, backend
         self.in_proj = nn.Linear(d_model, 3 * d_model)  # rows: [W_q; W_k; W_v]
         self.out_proj = nn.Linear(d_model, d_model)
+        self.q_proj: nn.Linear | None = None  # inference copies of the Q and K/V rows (split_projections)
+        self.kv_proj: nn.Linear | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -160,14 +162,30 @@ class MultiHeadAttention(nn.Module):
         nn.init.zeros_(self.in_proj.bias)
         nn.init.zeros_(self.out_proj.bias)
 
+    def split_projections(self) -> None:
+        """Inference only: `nn.Linear` modules holding copies of the Q rows and the K/V rows of the
+        fused projection, used by cross-attention from then on (same outputs), so that module-level
+        tools such as dynamic quantisation see them. Later changes to `in_proj` are not followed."""
+        D, w, b = self.d_model, self.in_proj.weight.detach(), self.in_proj.bias.detach()
+        self.q_proj, self.kv_proj = nn.Linear(D, D, device=w.device), nn.Linear(D, 2 * D, device=w.device)
+        with torch.no_grad():
+            self.q_proj.weight.copy_(w[:D])
+            self.q_proj.bias.copy_(b[:D])
+            self.kv_proj.weight.copy_(w[D:])
+            self.kv_proj.bias.copy_(b[D:])
+
     def _project_q(self, x: Tensor) -> Tensor:
         D = self.d_model
-        q = F.linear(x, self.in_proj.weight[:D], self.in_proj.bias[:D])  # (B, T, D)
+        proj = self.q_proj or (lambda h: F.linear(h, self.in_proj.weight[:D], self.in_proj.bias[:D]))
+        q = proj(x)  # (B, T, D)
         return q.view(*x.shape[:2], self.heads, self.d_k)  # (B, T, H, dk)
 
     def _project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         D = self.d_model
-        kv = F.linear(memory, self.in_proj.weight[D:], self.in_proj.bias[D:])  # (B, S, 2D)
+        if self.kv_proj is not None:
+            kv = self.kv_proj(memory)
+        else:
+            kv = F.linear(memory, self.in_proj.weight[D:], self.in_proj.bias[D:])  # (B, S, 2D)
         k, v = kv.view(*memory.shape[:2], 2, self.heads, self.d_k).unbind(2)
         return k, v  # (B, S, H, dk) each
 

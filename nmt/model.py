@@ -43,15 +43,17 @@ class DecoderState:
 
     def reorder(self, index: Tensor) -> None:
         """Select rows (B,) → (len(index),) of every cached tensor, in place; repeats expand."""
-
-        def pick(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.index_select(0, index)
-
-        self.cross_k = [pick(t) for t in self.cross_k]
-        self.cross_v = [pick(t) for t in self.cross_v]
-        self.self_k = [pick(t) for t in self.self_k]
-        self.self_v = [pick(t) for t in self.self_v]
+        self.reorder_beams(index)
+        self.cross_k = [t.index_select(0, index) for t in self.cross_k]
+        self.cross_v = [t.index_select(0, index) for t in self.cross_v]
         self.src_pad = self.src_pad.index_select(0, index)
+
+    def reorder_beams(self, index: Tensor) -> None:
+        """`reorder` for an index whose rows keep their source sentence (beams permuted within a
+        sentence, same row count): the cross-attention K/V are equal along such moves, so only the
+        self-attention caches are selected."""
+        self.self_k = [None if t is None else t.index_select(0, index) for t in self.self_k]
+        self.self_v = [None if t is None else t.index_select(0, index) for t in self.self_v]
 
     @property
     def batch_size(self) -> int:
@@ -172,6 +174,7 @@ class Transformer(nn.Module):
         self.encoder = Stack([EncoderLayer(cfg) for _ in range(cfg.encoder_layers)], D, pre)
         self.decoder = Stack([DecoderLayer(cfg) for _ in range(cfg.decoder_layers)], D, pre)
         self.output_proj = None if cfg.tie_embeddings else nn.Linear(D, tgt_vocab, bias=False)
+        self.logits_proj: nn.Linear | None = None  # set by split_projections (inference only)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -209,8 +212,21 @@ class Transformer(nn.Module):
 
     def _logits(self, h: Tensor) -> Tensor:
         """(B, T, D) decoder output → (B, T, V)."""
+        if self.logits_proj is not None:
+            return self.logits_proj(h)
         weight = self.tgt_embed.weight if self.output_proj is None else self.output_proj.weight
         return F.linear(h, weight)
+
+    def split_projections(self) -> None:
+        """Inference only: expose every matmul that runs through `F.linear` on a weight slice or a
+        tied weight as an `nn.Linear` module sharing the same weights (cross-attention Q and K/V
+        rows, the output projection), so that module-level tools such as
+        `torch.ao.quantization.quantize_dynamic` reach them. The outputs do not change."""
+        for layer in self.decoder.layers:
+            layer.cross_attn.split_projections()
+        weight = self.tgt_embed.weight if self.output_proj is None else self.output_proj.weight
+        self.logits_proj = nn.Linear(weight.size(1), weight.size(0), bias=False, device=weight.device)
+        self.logits_proj.weight = weight
 
     # ----------------------------------------------------------------------- training path
 

@@ -6,6 +6,8 @@ Both searches drive any model with the decoding protocol of `nmt.model.Transform
     state = model.start_decoding(enc)       # cross-attention K/V computed once
     logits = model.decode_step(tok, state)  # tok (R,) → (R, V) fp32 logits; appends to the cache
     state.reorder(index)                    # index_select on the row dim, in place (may expand)
+    state.reorder_beams(index)              # optional: the same, for an index that only moves rows
+                                            # among the beams of one sentence (source caches stay)
 
 Lengths. `src_len` is the number of source pieces (non-PAD ids, without the EOS). The output
 of sentence b has at most `max_len[b] = floor(max_len_a * src_len + max_len_b)` tokens before
@@ -23,7 +25,10 @@ With that criterion `beam=1` yields exactly the greedy output.
 Every step is vectorised over the whole batch (sentences × beams in one tensor); the only
 per-sentence Python work is collecting a sentence's results once, when it is done. Sentences
 that are done are dropped from the batch (`state.reorder`), so they stop costing compute.
-Results do not depend on the other sentences in the batch.
+Beam search runs step 0 once per sentence (all beams start from BOS) and expands to
+sentences × beams afterwards; steps that only permute beams use `state.reorder_beams` where
+the state has it, so that source-side caches are not copied. Results do not depend on the
+other sentences in the batch.
 """
 
 from __future__ import annotations
@@ -209,8 +214,8 @@ def beam_search(
     B, K, dev = src.size(0), beam, src.device
     max_len = max_lengths(model, src, max_len_a, max_len_b)  # (B,)
     steps = int(max_len.max().item()) + 1 if B else 0
-    state = model.start_decoding(model.encode(src))
-    state.reorder(torch.arange(B, device=dev).repeat_interleave(K))  # rows b*K + k
+    state = model.start_decoding(model.encode(src))  # B rows: step 0 runs once per sentence
+    reorder_beams = getattr(state, "reorder_beams", state.reorder)
     sent = torch.arange(B, device=dev)  # original index of each live sentence (N,)
     scores = torch.full((B, K), NEG_INF, device=dev)
     scores[:, 0] = 0.0  # one open beam at the start, so the first step has no duplicates
@@ -220,7 +225,8 @@ def beam_search(
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(steps):
         N = sent.size(0)
-        lp = constrain(_log_probs(model, tokens, state), t, min_len, max_len[sent].repeat_interleave(K))  # (N*K, V)
+        lp = _log_probs(model, tokens if t else tokens[::K], state)  # (N*K, V); (B, V) at step 0
+        lp = constrain(lp if t else lp.repeat_interleave(K, dim=0), t, min_len, max_len[sent].repeat_interleave(K))
         lp = block_repeated_ngrams(lp, hist[:, :t], no_repeat_ngram)
         V = lp.size(1)
         cand = (scores.view(-1, 1) + lp).view(N, K * V)  # (N, K*V)
@@ -231,7 +237,8 @@ def beam_search(
         full = torch.isfinite(fin.score).sum(dim=1) >= K  # (N,)
         stuck = ~torch.isfinite(scores).any(dim=1)  # every open beam was closed by the rules
         done = full | stuck | (t >= max_len[sent])
-        if bool(done.any()):  # collect finished sentences and drop their rows
+        dropped = bool(done.any())
+        if dropped:  # collect finished sentences and drop their rows
             finished = done.nonzero().squeeze(1)
             for b, hyps in zip(sent[finished].tolist(), _collect(fin.select(finished), nbest), strict=True):
                 results[b] = hyps
@@ -242,7 +249,12 @@ def beam_search(
             flat, tokens = flat.view(N, K)[keep].view(-1), tokens.view(N, K)[keep].view(-1)
         hist = hist[flat]
         hist[:, t] = tokens
-        state.reorder(flat)
+        if t == 0:
+            state.reorder(flat // K)  # expand B → N*K rows (row n*K + k)
+        elif dropped:
+            state.reorder(flat)
+        else:
+            reorder_beams(flat)  # beams move within their sentence only
     return results
 
 

@@ -266,3 +266,39 @@ def test_flash_model_matches_math_on_cuda():
             out = model(src, tgt).float()
     real = tgt != PAD_ID
     torch.testing.assert_close(out[real], ref[real], atol=5e-2, rtol=5e-2)
+
+
+def test_reorder_beams_keeps_the_source_caches_and_matches_reorder():
+    model = make_model()
+    src, tgt = batch(B=2)
+    index = torch.tensor([0, 0, 1, 1])
+    with torch.no_grad():
+        states = [model.start_decoding(model.encode(src)) for _ in range(2)]
+        for state in states:
+            model.decode_step(tgt[:, 0], state)
+            state.reorder(index)  # expand to two beams per sentence
+            model.decode_step(tgt[index, 1], state)
+        cross = states[1].cross_k[0]
+        states[0].reorder(torch.tensor([1, 0, 3, 3]))
+        states[1].reorder_beams(torch.tensor([1, 0, 3, 3]))  # beams move within their sentence
+        assert states[1].cross_k[0] is cross
+        a, b = (model.decode_step(tgt[index, 2], s) for s in states)
+    torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_split_projections_keeps_outputs_and_exposes_linear_layers():
+    model = make_model().eval()
+    src, tgt = batch(B=3)
+    with torch.no_grad():
+        full = model(src, tgt)
+        state = model.start_decoding(model.encode(src))
+        step = model.decode_step(tgt[:, 0], state)
+        model.split_projections()
+        torch.testing.assert_close(model(src, tgt), full, atol=1e-6, rtol=1e-6)
+        state = model.start_decoding(model.encode(src))
+        torch.testing.assert_close(model.decode_step(tgt[:, 0], state), step, atol=1e-6, rtol=1e-6)
+    quantised = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    assert not any(type(m) is torch.nn.Linear for m in quantised.modules())
+    with torch.no_grad():
+        state = quantised.start_decoding(quantised.encode(src))
+        assert torch.isfinite(quantised.decode_step(tgt[:, 0], state)).all()

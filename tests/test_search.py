@@ -329,3 +329,14 @@ def test_transformer_respects_max_positions():
     src = batch([5] * 50)  # 1.5 * 50 + 10 = 85 > 63
     assert len(greedy_search(model, src, min_len=200)[0]) == 63
     assert len(beam_search(model, src, beam=2, min_len=200)[0][0].tokens) == 63
+
+
+def test_beam_step_zero_runs_once_per_sentence():
+    rows_per_step: list[int] = []
+    model = ToyModel(12, random_fn(12))
+    decode_step = model.decode_step
+    model.decode_step = lambda tokens, state: rows_per_step.append(tokens.numel()) or decode_step(tokens, state)
+    src = batch(*SOURCES)
+    hyps = beam_search(model, src, beam=3, max_len_a=1.0, max_len_b=4)
+    assert rows_per_step[0] == src.size(0) and rows_per_step[1] == 3 * src.size(0)
+    assert all(h for h in hyps)

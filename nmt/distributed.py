@@ -107,10 +107,28 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
+def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
+    """The torchrun command line that runs `nmt <argv>` as `nproc` local processes.
+
+    `--nproc` is dropped from argv (each process is one rank), and `--` keeps torchrun's own
+    parser away from nmt's options (it would read `--run` as an abbreviation of `--run-path`).
+    """
+    import sys
+
+    args, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            args.append(arg)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return [*cmd, "-m", "nmt", "--", *args]
+
+
 def launch_with_torchrun(nproc: int, argv: list[str]) -> int:
     """Re-run this command line as `nproc` processes on this machine via torchrun; exit code."""
     import subprocess
-    import sys
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    return subprocess.call([*cmd, "-m", "nmt", *argv])
+    return subprocess.call(torchrun_command(nproc, argv))

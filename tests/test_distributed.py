@@ -92,3 +92,12 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_pat
     wb, _ = ckpt.load_weights(tmp_path / "single" / "checkpoints" / "step_8.safetensors")
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_torchrun_command_passes_nmt_options_through():
+    from nmt.distributed import torchrun_command
+
+    cmd = torchrun_command(2, ["train", "--config", "c.yaml", "--nproc", "2", "--run", "r", "--nproc=2"])
+    assert "--nproc_per_node=2" in cmd
+    tail = cmd[cmd.index("nmt") + 1 :]
+    assert tail == ["--", "train", "--config", "c.yaml", "--run", "r"]

@@ -168,6 +168,8 @@ def apply_override(raw: dict, item: str, source: str = "--set") -> None:
     if section not in SECTIONS:
         raise ConfigError(f"{source} {dotted}: unknown section {section!r}{_suggest(section, SECTIONS)}")
     sub = raw.setdefault(section, {}) or {}
+    if not isinstance(sub, dict):
+        raise ConfigError(f"{source} {dotted}: section {section!r} in the file is not a mapping")
     raw[section] = sub
     try:
         sub[key] = yaml.safe_load(value) if value != "" else ""
@@ -299,7 +301,11 @@ def validate(c: Config, source: str = "<config>") -> None:
     need(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
     need(t.clip_norm >= 0, "train.clip_norm", "must be >= 0")
     need(t.max_len >= 2, "train.max_len", "must be at least 2")
-    need(t.max_len <= m.max_positions, "train.max_len", f"{t.max_len} exceeds model.max_positions={m.max_positions}")
+    need(
+        t.max_len < m.max_positions,
+        "train.max_len",
+        f"{t.max_len} must be below model.max_positions={m.max_positions} (BOS/EOS take one position)",
+    )
     need(t.max_steps >= 0 and t.max_epochs >= 0, "train.max_steps", "limits must be >= 0")
     need(t.eval_every > 0, "train.eval_every", "must be positive")
     need(t.log_every > 0, "train.log_every", "must be positive")

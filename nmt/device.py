@@ -13,6 +13,7 @@ Precision policy (weights and optimizer state always stay fp32):
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 
@@ -47,6 +48,11 @@ def fast_bf16_available(device: torch.device) -> bool:
     """True when bf16 matmuls run natively (not emulated) on `device`."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
+    return _cpu_has_bf16()
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_has_bf16() -> bool:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             flags = next((line for line in f if line.startswith("flags")), "").split()

@@ -191,7 +191,7 @@ def evaluate_run(
         translator = Translator.from_run(run_dir, checkpoint, device=device, precision=precision, config=config)
     beam = config.decode.beam if beam is None else beam
     if name is None:
-        base = split if src is None else src_path.name.split(".")[0]
+        base = split if src is None else f"ext-{src_path.name.split('.')[0]}"
         name = base if beam == config.decode.beam else f"{base}.beam{beam}"
     hyps, result = _decode_and_score(translator, src_lines, ref_lines, code_list, beam, ter)
     d = config_to_dict(config)["decode"]

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from nmt.config import Config, config_to_dict
-from nmt.runs import hash_files, is_fresh, write_stamp
+from nmt.runs import atomic_path, hash_files, is_fresh, stamp_path, write_stamp
 
 
 def run_pipeline(config: Config, run_dir: Path, mirror: str | None = None) -> dict:
@@ -60,7 +60,9 @@ def train_stage(config: Config, run_dir: Path) -> str:
     digest = _train_digest(config, run_dir)
     if is_fresh(run_dir, "train", digest):
         return "skipped"
-    summary = train(config, run_dir, restart=False)
+    # A stamp with other inputs means the data or the model changed after a finished run:
+    # its checkpoints belong to the old inputs, so start over. No stamp: resume.
+    summary = train(config, run_dir, restart=stamp_path(run_dir, "train").is_file())
     write_stamp(run_dir, "train", digest, {"summary": _plain(summary)})
     return "ran"
 
@@ -88,7 +90,8 @@ def select_stage(config: Config, run_dir: Path) -> str:
         report = evaluate_run(config, run_dir, split="valid", checkpoint=path, name=f"select-{name}")
         scores[name] = report["bleu"]
     winner = max(scores, key=lambda k: scores[k])
-    shutil.copyfile(candidates[winner], final)
+    with atomic_path(final) as tmp:
+        shutil.copyfile(candidates[winner], tmp)
     write_stamp(run_dir, "select", digest, {"valid_bleu": scores, "chosen": winner})
     return "ran"
 

@@ -41,7 +41,14 @@ STOP_CODES = {1: "max_time", 2: "patience"}
 
 
 def train(config: Config, run_dir: Path, restart: bool = False) -> dict:
-    """Train (or resume) the run's model; returns a summary (empty on non-main ranks)."""
+    """Train (or resume) the run's model; returns a summary (empty on non-main ranks).
+
+    Clears the pipeline's "train" stamp first: until this call returns, the run's
+    checkpoints are not a finished training run.
+    """
+    from nmt.runs import clear_stamp
+
+    clear_stamp(run_dir, "train")
     return fit(config, run_dir, restart=restart)
 
 

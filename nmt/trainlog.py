@@ -77,7 +77,7 @@ class TrainLog:
 
 
 def format_values(values: dict[str, float]) -> str:
-    """'loss 3.2140 | ppl 24.88 | lr 0.000500' (4 significant figures, lr in plain decimals)."""
+    """'loss 3.2140 | ppl 24.88 | lr 5.000e-04' (4 significant figures, lr in scientific notation)."""
     parts = []
     for k, v in values.items():
         if isinstance(v, int):

@@ -19,6 +19,7 @@ prints.
 from __future__ import annotations
 
 import dataclasses
+import io
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -264,6 +265,8 @@ def translate_to(
         with open(input_path, encoding="utf-8", errors="replace") as f:
             return _emit(translator.translate_stream(f, beam, nbest, len_penalty), output_path, atomic_path)
     chunk = 1 if sys.stdin.isatty() else CHUNK_LINES  # interactive: answer each line at once
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        sys.stdin.reconfigure(errors="replace")  # invalid UTF-8 becomes U+FFFD, as with --input
     return _emit(translator.translate_stream(sys.stdin, beam, nbest, len_penalty, chunk), output_path, atomic_path)
 
 

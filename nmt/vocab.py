@@ -1,6 +1,7 @@
 """Two SentencePiece models (source, target) with shared special ids, and the encoded splits.
 
-`build_vocab` trains `<run>/vocab/{src,tgt}.model` on the cleaned train text, then encodes every
+`build_vocab` trains `<run>/vocab/{zh,en}.model` (named by data.src_lang / data.tgt_lang) on the
+cleaned train text, then encodes every
 split into `<run>/bin` (valid/test sources and references pass through `normalize_source` /
 `normalize_target` first, as train did). SentencePiece's own normalisation is off ("identity"):
 `nmt.corpus.normalize_*` is the one place text is normalised.

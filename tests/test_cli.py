@@ -112,3 +112,10 @@ def test_average_identical(tiny_run, tmp_path):
     result = invoke("average", "--run", str(tiny_run), "--last", "2", "--output", str(out))
     assert result.exit_code == 0, result.stderr
     assert out.is_file()
+
+
+def test_translate_stdin_with_invalid_utf8_does_not_crash(tiny_run):
+    data = b"\xff\xfe\n" + "你好\n".encode()
+    result = runner.invoke(app, ["translate", "--run", str(tiny_run), "--beam", "1"], input=data)
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.split("\n")) >= 2

@@ -131,3 +131,13 @@ def test_parse_duration(text, seconds):
 def test_bad_duration(tmp_path):
     with pytest.raises(ConfigError, match=r"train\.max_time: cannot parse duration"):
         load_config(write(tmp_path, "train:\n  max_time: soon\n"))
+
+
+def test_max_len_must_leave_room_for_bos_eos(tmp_path):
+    with pytest.raises(ConfigError, match=r"train\.max_len: 128 must be below model\.max_positions=128"):
+        load_config(write(tmp_path, "model:\n  max_positions: 128\ntrain:\n  max_len: 128\n"))
+
+
+def test_override_into_scalar_section(tmp_path):
+    with pytest.raises(ConfigError, match="section 'model' in the file is not a mapping"):
+        load_config(write(tmp_path, "model: 5\n"), ["model.d_model=64"])

@@ -174,9 +174,10 @@ def test_external_src_ref_with_codes(tiny_run_dir, tmp_path):
     ref.write_text((run / "corpus" / "test.en").read_text(encoding="utf-8"), encoding="utf-8")
     (tmp_path / "ext.codes.txt").write_text((run / "corpus" / "test.codes").read_text(encoding="utf-8"))
     report = evaluate_run(config, run, src=src, ref=ref, translator=oracle, quiet=True)
-    assert report["name"] == "ext" and report["src"] == str(src)
+    # External files get an "ext-" prefix, so a file named test.zh cannot overwrite eval/test.json.
+    assert report["name"] == "ext-ext" and report["src"] == str(src)
     assert set(report["by_code"]) == {"cmn_Hans", "cmn_Hant"}
-    assert (run / "eval" / "ext.json").is_file()
+    assert (run / "eval" / "ext-ext.json").is_file()
 
 
 def test_misaligned_codes_are_ignored(tiny_run_dir, tmp_path, capsys):

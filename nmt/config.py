@@ -166,7 +166,7 @@ def apply_override(raw: dict, item: str, source: str = "--set") -> None:
         raise ConfigError(f"{source} {item!r}: expected section.key=value")
     section, key = parts
     if section not in SECTIONS:
-        raise ConfigError(f"{source} {dotted}: unknown section {section!r}{_suggest(section, SECTIONS)}")
+        raise ConfigError(f"{source} {dotted}: unknown section {section!r}{suggest(section, SECTIONS)}")
     sub = raw.setdefault(section, {}) or {}
     if not isinstance(sub, dict):
         raise ConfigError(f"{source} {dotted}: section {section!r} in the file is not a mapping")
@@ -182,7 +182,7 @@ def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
     known = {f.name for f in dataclasses.fields(Config)}
     for key in raw:
         if key not in known:
-            raise ConfigError(f"{source}: unknown section {key!r}{_suggest(key, known)}")
+            raise ConfigError(f"{source}: unknown section {key!r}{suggest(key, known)}")
     kwargs: dict[str, Any] = {"name": str(raw.get("name", "default"))}
     for section in SECTIONS:
         value = raw.get(section) or {}
@@ -209,7 +209,7 @@ def _build_section(cls: type, values: dict, section: str, source: str) -> Any:
     out = {}
     for key, value in values.items():
         if key not in hints:
-            raise ConfigError(f"{source}: unknown key {section}.{key}{_suggest(key, names)}")
+            raise ConfigError(f"{source}: unknown key {section}.{key}{suggest(key, names)}")
         out[key] = _coerce(value, hints[key], f"{section}.{key}", source)
     return cls(**out)
 
@@ -232,7 +232,7 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
     if origin is Literal:
         if value not in args:
             choices = [str(a) for a in args]
-            hint_text = _suggest(str(value), choices)
+            hint_text = suggest(str(value), choices)
             raise ConfigError(f"{source}: {key}: {value!r} is not one of {' | '.join(choices)}{hint_text}")
         return value
     if origin is tuple:
@@ -263,7 +263,7 @@ def _type_error(value: Any, hint: Any, key: str, source: str) -> ConfigError:
     return ConfigError(f"{source}: {key}: expected {name}, got {value!r}")
 
 
-def _suggest(word: str, options: typing.Iterable[str]) -> str:
+def suggest(word: str, options: typing.Iterable[str]) -> str:
     match = difflib.get_close_matches(word, list(options), n=1, cutoff=0.5)
     return f" (did you mean {match[0]!r}?)" if match else ""
 

@@ -8,7 +8,6 @@ file naming the first bad line. Nothing is loaded into memory whole.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import warnings
@@ -16,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from nmt.config import DataConfig
+from nmt.config import DataConfig, suggest
 from nmt.errors import NmtError
 
 SPLITS = ("train", "valid", "test")
@@ -60,8 +59,7 @@ RECIPES: dict[str, Recipe] = {
 
 def get_recipe(name: str) -> Recipe:
     if name not in RECIPES:
-        match = difflib.get_close_matches(name, list(RECIPES), n=1, cutoff=0.5)
-        hint = f" (did you mean {match[0]!r}?)" if match else ""
+        hint = suggest(name, RECIPES)
         raise NmtError(f"data.corpus: unknown corpus {name!r}{hint}; known: {', '.join(sorted(RECIPES))}")
     return RECIPES[name]
 

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from nmt import PAD_ID
+from nmt.checkpoint import unwrap
 from nmt.config import TrainConfig
 from nmt.device import autocast, grad_scaler
 from nmt.distributed import all_reduce_sum, world_size
@@ -78,8 +79,7 @@ class Trainer:
         self.optimizer = build_optimizer(model, cfg)
         self.scaler = grad_scaler(device, cfg.precision)
         self.state = state or TrainState()
-        inner = getattr(model, "module", model)  # DistributedDataParallel
-        self.packed = isinstance(getattr(inner, "_orig_mod", inner), Transformer)  # torch.compile
+        self.packed = isinstance(unwrap(model), Transformer)  # through DDP / torch.compile
 
     def update(self, batches: list[Batch]) -> StepResult:
         """Forward/backward every micro-batch, then one optimizer step (or a counted skip)."""

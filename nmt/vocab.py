@@ -37,6 +37,7 @@ from nmt.config import Config, VocabConfig
 from nmt.corpus import SPLITS, normalize_source, normalize_target
 from nmt.data import binarize
 from nmt.errors import NmtError
+from nmt.readers import count_lines
 from nmt.runs import clear_stamp, hash_files, is_fresh, stamp_path, write_stamp
 
 _META_PIECES = 4  # pad, unk, bos, eos
@@ -203,9 +204,7 @@ def _encode_splits(config: Config, run_dir: Path, langs: tuple[str, str]) -> dic
         for split in SPLITS:
             for lang, normalize in zip(langs, normalizers[split], strict=True):
                 text = corpus / f"{split}.{lang}"
-                with open(text, "rb") as f:
-                    total = sum(chunk.count(b"\n") for chunk in iter(lambda f=f: f.read(1 << 20), b""))
-                task = progress.add_task(f"encode {split}.{lang}", total=total)
+                task = progress.add_task(f"encode {split}.{lang}", total=count_lines(text))
                 model, out = run_dir / "vocab" / f"{lang}.model", run_dir / "bin" / f"{split}.{lang}"
                 advance = functools.partial(progress.advance, task)
                 counts[f"{split}.{lang}"] = binarize(

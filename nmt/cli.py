@@ -41,6 +41,16 @@ MirrorOpt = Annotated[
     typer.Option("--mirror", help="Local corpus mirror directory (default: $NMT_MIRROR, then the hub)."),
 ]
 
+CheckpointOpt = Annotated[
+    Path | None, typer.Option("--checkpoint", help="A .safetensors checkpoint (default: the run's newest model).")
+]
+BeamOpt = Annotated[int | None, typer.Option("--beam", min=1, help="Beam size (1 = greedy; default decode.beam).")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
+PrecisionOpt = Annotated[
+    str, typer.Option("--precision", help="auto | fp32 | bf16 | int8 (native engine; auto = fastest measured here)")
+]
+EngineOpt = Annotated[str, typer.Option("--engine", help="native | ctranslate2 (needs nmt[ctranslate2])")]
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -119,28 +129,21 @@ def translate(
     input: Annotated[Path | None, typer.Option("--input", "-i", help="File with one sentence per line.")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write translations here.")] = None,
     run: RunOpt = None,
-    checkpoint: Annotated[Path | None, typer.Option("--checkpoint", help="A .safetensors checkpoint.")] = None,
-    beam: Annotated[int | None, typer.Option("--beam", min=1, help="Beam size (1 = greedy).")] = None,
+    checkpoint: CheckpointOpt = None,
+    beam: BeamOpt = None,
     nbest: Annotated[int, typer.Option("--nbest", min=1, help="Hypotheses per sentence.")] = 1,
     len_penalty: Annotated[float | None, typer.Option("--len-penalty")] = None,
-    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")] = "auto",
+    device: DeviceOpt = "auto",
+    precision: PrecisionOpt = "auto",
+    engine: EngineOpt = "native",
 ) -> None:
     """Translate Chinese text with a trained run (default: runs/latest)."""
-    from nmt.translate import translate_to
+    from nmt.translate import InferenceOptions, translate_to
 
     if texts and input:
         raise NmtError("give sentences as arguments or --input FILE, not both")
-    translate_to(
-        texts=texts,
-        input_path=input,
-        output_path=output,
-        run_dir=run,
-        checkpoint=checkpoint,
-        beam=beam,
-        nbest=nbest,
-        len_penalty=len_penalty,
-        device=device,
-    )
+    opts = InferenceOptions(run, checkpoint, device, precision, engine, beam, nbest, len_penalty)
+    translate_to(opts, texts=texts, input_path=input, output_path=output)
 
 
 @app.command(name="eval")
@@ -152,22 +155,24 @@ def eval_(
     split: Annotated[str, typer.Option("--split", help="valid | test")] = "test",
     src: Annotated[Path | None, typer.Option("--src", help="External source file (with --ref).")] = None,
     ref: Annotated[Path | None, typer.Option("--ref", help="External reference file (with --src).")] = None,
-    checkpoint: Annotated[Path | None, typer.Option("--checkpoint")] = None,
-    beam: Annotated[int | None, typer.Option("--beam", min=1, help="Beam size (default: decode.beam).")] = None,
+    checkpoint: CheckpointOpt = None,
+    beam: BeamOpt = None,
     greedy: Annotated[bool, typer.Option("--greedy", help="Also report greedy decoding.")] = False,
-    device: Annotated[str, typer.Option("--device")] = "auto",
+    device: DeviceOpt = "auto",
+    precision: PrecisionOpt = "auto",
+    engine: EngineOpt = "native",
 ) -> None:
     """Translate a split (or --src/--ref) and score it with sacreBLEU BLEU and chrF."""
-    from nmt.evaluate import evaluate_run
+    from nmt.evaluate import EvalJob, evaluate_run
+    from nmt.translate import InferenceOptions
 
     if split not in ("valid", "test"):
         raise NmtError(f"--split {split!r}: expected valid or test")
     if (src is None) != (ref is None):
         raise NmtError("--src and --ref go together")
     cfg, run_dir = _setup(config, set_, run, create=False)
-    evaluate_run(
-        cfg, run_dir, split=split, src=src, ref=ref, beam=beam, greedy=greedy, checkpoint=checkpoint, device=device
-    )
+    job = EvalJob(split=split, src=src, ref=ref, greedy=greedy)
+    evaluate_run(cfg, run_dir, job, InferenceOptions(run_dir, checkpoint, device, precision, engine, beam))
 
 
 @app.command()

@@ -16,6 +16,7 @@ BLEU of a union is not the mean of its parts.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from nmt.config import Config, config_to_dict
 from nmt.errors import NmtError
 from nmt.runs import atomic_write_json, atomic_write_text
+from nmt.translate import InferenceOptions, Translator
 
 # --------------------------------------------------------------------------- metrics
 
@@ -160,40 +162,44 @@ def _decode_and_score(
     return hyps, result
 
 
+@dataclass
+class EvalJob:
+    """What to evaluate: a split of the run, or external `src`/`ref` files."""
+
+    split: str = "test"  # valid | test (ignored with src/ref)
+    src: Path | None = None
+    ref: Path | None = None
+    codes: Path | None = None  # per-line codes (default: found beside the source)
+    name: str | None = None  # report name under <run>/eval/ (default from split/src and beam)
+    greedy: bool = False  # also decode greedily, reported under "greedy"
+    ter: bool = False
+
+
 def evaluate_run(
     config: Config,
     run_dir: Path,
-    split: str = "test",
-    src: Path | None = None,
-    ref: Path | None = None,
-    beam: int | None = None,
-    greedy: bool = False,
-    checkpoint: Path | None = None,
-    device: str = "auto",
-    name: str | None = None,
-    precision: str = "fp32",
-    ter: bool = False,
-    codes: Path | None = None,
+    job: EvalJob | None = None,
+    opts: InferenceOptions | None = None,
     translator: Any = None,
     quiet: bool = False,
 ) -> dict[str, Any]:
-    """Translate a split (or `src`) with `beam` (default decode.beam), score it, write `<run>/eval/<name>.*`.
+    """Translate `job`'s sentences with `opts` (model, engine, beam), score them, write `<run>/eval/<name>.*`.
 
-    `greedy=True` also decodes greedily and reports it under "greedy" (hypotheses in
-    `<name>.greedy.hyp`). `translator` reuses a loaded `Translator` instead of loading `checkpoint`.
+    `translator` reuses a loaded `Translator` instead of loading `opts.checkpoint`.
     Returns the report that `<name>.json` holds.
     """
-    from nmt.translate import Translator
-
+    job = job or EvalJob()
+    opts = opts or InferenceOptions(run_dir=Path(run_dir))
+    split, src, ref, codes, name = job.split, job.src, job.ref, job.codes, job.name
     run_dir = Path(run_dir)
     src_path, ref_path, src_lines, ref_lines, codes_path, code_list = _inputs(config, run_dir, split, src, ref, codes)
     if translator is None:
-        translator = Translator.from_run(run_dir, checkpoint, device=device, precision=precision, config=config)
-    beam = config.decode.beam if beam is None else beam
+        translator = Translator.from_run(run_dir, opts.checkpoint, opts.device, opts.precision, config, opts.engine)
+    beam = config.decode.beam if opts.beam is None else opts.beam
     if name is None:
         base = split if src is None else f"ext-{src_path.name.split('.')[0]}"
         name = base if beam == config.decode.beam else f"{base}.beam{beam}"
-    hyps, result = _decode_and_score(translator, src_lines, ref_lines, code_list, beam, ter)
+    hyps, result = _decode_and_score(translator, src_lines, ref_lines, code_list, beam, job.ter)
     d = config_to_dict(config)["decode"]
     report: dict[str, Any] = {
         "name": name,
@@ -202,13 +208,20 @@ def evaluate_run(
         "ref": str(ref_path),
         "codes": str(codes_path) if code_list is not None else None,
         "checkpoint": str(translator.checkpoint) if translator.checkpoint else None,
-        "decode": {**d, "beam": beam, "nbest": 1, "device": str(translator.device), "precision": translator.precision},
+        "decode": {
+            **d,
+            "beam": beam,
+            "nbest": 1,
+            "device": str(translator.device),
+            "precision": translator.precision,
+            "engine": translator.engine.name,
+        },
         **result,
     }
     out_dir = run_dir / "eval"
     atomic_write_text(out_dir / f"{name}.hyp", "".join(h + "\n" for h in hyps))
-    if greedy:
-        greedy_hyps, report["greedy"] = _decode_and_score(translator, src_lines, ref_lines, code_list, 1, ter)
+    if job.greedy:
+        greedy_hyps, report["greedy"] = _decode_and_score(translator, src_lines, ref_lines, code_list, 1, job.ter)
         atomic_write_text(out_dir / f"{name}.greedy.hyp", "".join(h + "\n" for h in greedy_hyps))
     report["hyp_file"] = str(out_dir / f"{name}.hyp")
     atomic_write_json(out_dir / f"{name}.json", report)

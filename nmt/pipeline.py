@@ -74,7 +74,8 @@ def select_stage(config: Config, run_dir: Path) -> str:
     `checkpoints/final.safetensors`, which translate/eval use by default.
     """
     from nmt.checkpoint import average_last
-    from nmt.evaluate import evaluate_run
+    from nmt.evaluate import EvalJob, evaluate_run
+    from nmt.translate import InferenceOptions
 
     ckpt_dir = run_dir / "checkpoints"
     trained = sorted(ckpt_dir.glob("step_*.safetensors")) + sorted(ckpt_dir.glob("best.safetensors"))
@@ -87,7 +88,8 @@ def select_stage(config: Config, run_dir: Path) -> str:
         candidates["best"] = ckpt_dir / "best.safetensors"
     scores = {}
     for name, path in candidates.items():
-        report = evaluate_run(config, run_dir, split="valid", checkpoint=path, name=f"select-{name}")
+        job = EvalJob(split="valid", name=f"select-{name}")
+        report = evaluate_run(config, run_dir, job, InferenceOptions(run_dir, checkpoint=path))
         scores[name] = report["bleu"]
     winner = max(scores, key=lambda k: scores[k])
     with atomic_path(final) as tmp:
@@ -100,14 +102,15 @@ def eval_stage(config: Config, run_dir: Path) -> tuple[str, dict]:
     """Evaluate the final checkpoint on the test split (once per final checkpoint)."""
     import json
 
-    from nmt.evaluate import evaluate_run
+    from nmt.evaluate import EvalJob, evaluate_run
+    from nmt.translate import InferenceOptions
 
     final = run_dir / "checkpoints" / "final.safetensors"
     digest = hash_files([final], {"decode": config_to_dict(config)["decode"]})
     report_path = run_dir / "eval" / "test.json"
     if is_fresh(run_dir, "eval", digest) and report_path.is_file():
         return "skipped", json.loads(report_path.read_text(encoding="utf-8"))
-    report = evaluate_run(config, run_dir, split="test", checkpoint=final, name="test")
+    report = evaluate_run(config, run_dir, EvalJob(split="test", name="test"), InferenceOptions(run_dir, final))
     write_stamp(run_dir, "eval", digest)
     return "ran", report
 

@@ -31,11 +31,25 @@ import torch
 
 from nmt import BOS_ID, EOS_ID, PAD_ID
 from nmt.config import Config, load_config
-from nmt.device import autocast, check_precision, resolve_device
+from nmt.device import resolve_device, resolve_precision
+from nmt.engines import ENGINES, NativeEngine
 from nmt.errors import NmtError
-from nmt.search import beam_search, greedy_search
 
 CHUNK_LINES = 2000  # lines read ahead (and sorted by length) by translate_stream
+
+
+@dataclass
+class InferenceOptions:
+    """Which model of a run, and how it decodes: one object for translate, eval and serve."""
+
+    run_dir: Path | None = None  # None: the default run (runs/latest)
+    checkpoint: Path | None = None  # None: the run's inference checkpoint (nmt.checkpoint)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: str = "auto"  # auto | fp32 | bf16 | int8 (native engine)
+    engine: str = "native"  # native | ctranslate2
+    beam: int | None = None  # None: decode.beam of the run's config
+    nbest: int = 1
+    len_penalty: float | None = None  # None: decode.len_penalty
 
 
 @dataclass
@@ -53,23 +67,31 @@ class DecodeStats:
 
 
 class Translator:
-    """A model, its source/target tokenizers, the config it was trained with, and a device."""
+    """An engine (model + search), its source/target tokenizers, and the config it was trained with.
+
+    Built from a model (the native engine is made around it) or, with `engine=`, from any
+    object with the engine interface of `nmt/engines.py` (then `model` may be None).
+    """
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: torch.nn.Module | None,
         src_tok: Any,
         tgt_tok: Any,
         config: Config,
         device: torch.device | str = "cpu",
         precision: str = "fp32",
         checkpoint: Path | None = None,
+        engine: Any = None,
     ) -> None:
-        self.device = torch.device(device)
-        check_precision(self.device, precision)
-        self.model = model.to(self.device).eval()
+        if engine is None:
+            engine = NativeEngine(model, config.decode, torch.device(device), precision)
+        self.engine = engine
+        self.model = getattr(engine, "model", model)
+        self.device = torch.device(getattr(engine, "device", device))
+        self.precision = getattr(engine, "precision", precision)
         self.src_tok, self.tgt_tok, self.config = src_tok, tgt_tok, config
-        self.precision, self.checkpoint = precision, checkpoint
+        self.checkpoint = checkpoint
         self.max_src_pieces = config.model.max_positions - 1  # + EOS
         self.stats = DecodeStats()
 
@@ -81,6 +103,7 @@ class Translator:
         device: str = "auto",
         precision: str = "fp32",
         config: Config | None = None,
+        engine: str = "native",
     ) -> Translator:
         """Load `checkpoint` (default: final > best > latest of the run) with the run's vocabularies.
 
@@ -108,7 +131,22 @@ class Translator:
         except RuntimeError as e:
             first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
             raise NmtError(f"{path}: does not fit the vocabularies in {run_dir / 'vocab'} ({first})") from None
-        return cls(model, src_tok, tgt_tok, config, dev, precision, path)
+        if engine not in ENGINES:
+            raise NmtError(f"--engine {engine!r}: expected one of {' | '.join(ENGINES)}")
+        if engine == "ctranslate2":
+            from nmt.ct2 import CTranslate2Engine  # optional extra nmt[ctranslate2]
+
+            ct2 = CTranslate2Engine.from_checkpoint(run_dir, path, config, dev, precision)
+            return cls(None, src_tok, tgt_tok, config, checkpoint=path, engine=ct2)
+        return cls(model, src_tok, tgt_tok, config, dev, resolve_precision(dev, precision), path)
+
+    @classmethod
+    def from_options(cls, opts: InferenceOptions, config: Config | None = None) -> Translator:
+        """`from_run` with the model, device, precision and engine that `opts` names."""
+        from nmt.runs import resolve_run
+
+        _, run = resolve_run(None, str(opts.run_dir) if opts.run_dir is not None else None)
+        return cls.from_run(run, opts.checkpoint, opts.device, opts.precision, config, opts.engine)
 
     # ----------------------------------------------------------------------- public API
 
@@ -208,22 +246,8 @@ class Translator:
         self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float, greedy: bool
     ) -> list[list[tuple]]:
         """Decode one batch of source sequences; returns (tokens, score) lists, best first."""
-        d = self.config.decode
-        width = max(len(s) for s in seqs) + 1
-        src = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)  # (B, S)
-        for row, s in enumerate(seqs):
-            src[row, : len(s) + 1] = torch.tensor([*s, EOS_ID])
-        src = src.to(self.device)
         start = time.perf_counter()
-        with torch.inference_mode(), autocast(self.device, self.precision):
-            if greedy:
-                out = greedy_search(self.model, src, d.max_len_a, d.max_len_b, d.min_len)
-                found = [[(tokens, float("nan"))] for tokens in out]
-            else:
-                hyps = beam_search(
-                    self.model, src, beam, nbest, len_penalty, d.max_len_a, d.max_len_b, d.min_len, d.no_repeat_ngram
-                )
-                found = [[(h.tokens, h.score) for h in row] for row in hyps]
+        found = self.engine.search(seqs, beam, nbest, len_penalty, greedy)
         self.stats.seconds += time.perf_counter() - start
         self.stats.sentences += len(seqs)
         self.stats.src_tokens += sum(len(s) + 1 for s in seqs)
@@ -240,34 +264,28 @@ def _clean(tokens: list[int]) -> list[int]:
 
 
 def translate_to(
+    opts: InferenceOptions,
     texts: list[str] | None = None,
     input_path: Path | None = None,
     output_path: Path | None = None,
-    run_dir: Path | None = None,
-    checkpoint: Path | None = None,
-    beam: int | None = None,
-    nbest: int = 1,
-    len_penalty: float | None = None,
-    device: str = "auto",
-    precision: str = "fp32",
 ) -> int:
     """`nmt translate`: arguments, a file or stdin → stdout or a file (written atomically). Returns lines written."""
-    from nmt.runs import atomic_path, resolve_run
+    from nmt.runs import atomic_path
 
-    _, run = resolve_run(None, str(run_dir) if run_dir is not None else None)
-    translator = Translator.from_run(run, checkpoint=checkpoint, device=device, precision=precision)
+    translator = Translator.from_options(opts)
+    beam, nbest, lp = opts.beam, opts.nbest, opts.len_penalty
     if texts:
-        outputs: Iterable[str] = translator.translate_stream(texts, beam, nbest, len_penalty)
+        outputs: Iterable[str] = translator.translate_stream(texts, beam, nbest, lp)
         return _emit(outputs, output_path, atomic_path)
     if input_path is not None:
         if not Path(input_path).is_file():
             raise NmtError(f"{input_path}: input file not found")
         with open(input_path, encoding="utf-8", errors="replace") as f:
-            return _emit(translator.translate_stream(f, beam, nbest, len_penalty), output_path, atomic_path)
+            return _emit(translator.translate_stream(f, beam, nbest, lp), output_path, atomic_path)
     chunk = 1 if sys.stdin.isatty() else CHUNK_LINES  # interactive: answer each line at once
     if isinstance(sys.stdin, io.TextIOWrapper):
         sys.stdin.reconfigure(errors="replace")  # invalid UTF-8 becomes U+FFFD, as with --input
-    return _emit(translator.translate_stream(sys.stdin, beam, nbest, len_penalty, chunk), output_path, atomic_path)
+    return _emit(translator.translate_stream(sys.stdin, beam, nbest, lp, chunk), output_path, atomic_path)
 
 
 def _emit(outputs: Iterable[str], output_path: Path | None, atomic_path: Any) -> int:

@@ -57,6 +57,7 @@ def load(args: argparse.Namespace, precision: str) -> Translator:
     if precision == "int8":
         tr.model.split_projections()  # sliced and tied weights as nn.Linear, so that they are quantised too
         tr.model = torch.ao.quantization.quantize_dynamic(tr.model, {torch.nn.Linear}, dtype=torch.qint8)
+        tr.engine.model = tr.model
         n_int8 = sum(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in tr.model.modules())
         n_fp32 = sum(type(m) is torch.nn.Linear for m in tr.model.modules())
         print(f"# int8: {n_int8} dynamic int8 linear layers, {n_fp32} fp32 linear layers left", flush=True)

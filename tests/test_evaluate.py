@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import sacrebleu
@@ -12,8 +13,8 @@ from test_translate import make_tiny_run, tatoeba_test_pairs
 
 from nmt.config import load_config
 from nmt.errors import NmtError
-from nmt.evaluate import evaluate_run, read_lines, score, score_by_code
-from nmt.translate import DecodeStats
+from nmt.evaluate import EvalJob, evaluate_run, read_lines, score, score_by_code
+from nmt.translate import DecodeStats, InferenceOptions
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -95,6 +96,7 @@ class OracleTranslator:
         self.outputs, self.config = outputs, config
         self.stats, self.beams = DecodeStats(), []
         self.checkpoint, self.device, self.precision = Path("oracle.safetensors"), torch.device("cpu"), "fp32"
+        self.engine = SimpleNamespace(name="oracle")
 
     def translate(self, lines: list[str], beam: int | None = None) -> list[str]:
         self.beams.append(beam)
@@ -128,7 +130,7 @@ def test_evaluate_run_report(tiny_run_dir, capsys):
     run = tiny_run_dir
     config = load_config(run / "config.yaml")
     oracle = _oracle(run)
-    report = evaluate_run(config, run, split="test", translator=oracle, name="oracle", greedy=True)
+    report = evaluate_run(config, run, EvalJob(split="test", name="oracle", greedy=True), translator=oracle)
     assert oracle.beams == [config.decode.beam, 1]
     refs = read_lines(run / "corpus" / "test.en")
     hyps = read_lines(run / "eval" / "oracle.hyp")
@@ -156,7 +158,7 @@ def test_evaluate_run_report(tiny_run_dir, capsys):
 def test_evaluate_run_with_the_model(tiny_run_dir):
     run = tiny_run_dir
     config = load_config(run / "config.yaml")
-    report = evaluate_run(config, run, split="test", beam=1, device="cpu", quiet=True)
+    report = evaluate_run(config, run, EvalJob(split="test"), InferenceOptions(run, device="cpu", beam=1), quiet=True)
     assert report["name"] == "test.beam1"
     assert report["checkpoint"] == str(run / "checkpoints" / "final.safetensors")
     hyps = read_lines(run / "eval" / "test.beam1.hyp")
@@ -173,7 +175,7 @@ def test_external_src_ref_with_codes(tiny_run_dir, tmp_path):
     src.write_text((run / "corpus" / "test.zh").read_text(encoding="utf-8"), encoding="utf-8")
     ref.write_text((run / "corpus" / "test.en").read_text(encoding="utf-8"), encoding="utf-8")
     (tmp_path / "ext.codes.txt").write_text((run / "corpus" / "test.codes").read_text(encoding="utf-8"))
-    report = evaluate_run(config, run, src=src, ref=ref, translator=oracle, quiet=True)
+    report = evaluate_run(config, run, EvalJob(src=src, ref=ref), translator=oracle, quiet=True)
     # External files get an "ext-" prefix, so a file named test.zh cannot overwrite eval/test.json.
     assert report["name"] == "ext-ext" and report["src"] == str(src)
     assert set(report["by_code"]) == {"cmn_Hans", "cmn_Hant"}
@@ -187,7 +189,7 @@ def test_misaligned_codes_are_ignored(tiny_run_dir, tmp_path, capsys):
     src.write_text((run / "corpus" / "test.zh").read_text(encoding="utf-8"), encoding="utf-8")
     ref.write_text((run / "corpus" / "test.en").read_text(encoding="utf-8"), encoding="utf-8")
     (tmp_path / "ext.codes").write_text("cmn_Hans\n" * 5)
-    report = evaluate_run(config, run, src=src, ref=ref, translator=_oracle(run), quiet=True)
+    report = evaluate_run(config, run, EvalJob(src=src, ref=ref), translator=_oracle(run), quiet=True)
     assert "by_code" not in report
     assert "5 codes for 24 sentences" in capsys.readouterr().err
 
@@ -200,7 +202,8 @@ def test_raw_references_are_scored(tiny_run_dir, tmp_path):
     src.write_text("我们\n猫\n", encoding="utf-8")
     ref.write_text("ＡＢＣ  is　full-width.\nThe cat ﬁnds it.\n", encoding="utf-8")
     oracle = OracleTranslator({"我们": "ＡＢＣ  is　full-width.", "猫": "The cat ﬁnds it."}, config)
-    assert evaluate_run(config, run, src=src, ref=ref, translator=oracle, quiet=True)["bleu"] == pytest.approx(100)
+    report = evaluate_run(config, run, EvalJob(src=src, ref=ref), translator=oracle, quiet=True)
+    assert report["bleu"] == pytest.approx(100)
 
 
 def test_src_ref_mismatch_names_both_files(tiny_run_dir, tmp_path):
@@ -210,9 +213,9 @@ def test_src_ref_mismatch_names_both_files(tiny_run_dir, tmp_path):
     src.write_text("一\n二\n三\n", encoding="utf-8")
     ref.write_text("one\ntwo\n", encoding="utf-8")
     with pytest.raises(NmtError) as err:
-        evaluate_run(config, run, src=src, ref=ref, translator=_oracle(run), quiet=True)
+        evaluate_run(config, run, EvalJob(src=src, ref=ref), translator=_oracle(run), quiet=True)
     assert str(src) in str(err.value) and str(ref) in str(err.value) and "3 lines" in str(err.value)
     with pytest.raises(NmtError, match="go together"):
-        evaluate_run(config, run, src=src, translator=_oracle(run), quiet=True)
+        evaluate_run(config, run, EvalJob(src=src), translator=_oracle(run), quiet=True)
     with pytest.raises(NmtError, match="valid.zh: not found"):
-        evaluate_run(config, run, split="valid", translator=_oracle(run), quiet=True)
+        evaluate_run(config, run, EvalJob(split="valid"), translator=_oracle(run), quiet=True)

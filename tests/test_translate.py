@@ -267,11 +267,11 @@ def test_from_run_errors(tiny_run_dir, tmp_path):
 
 
 def test_translate_to_file(tiny_run_dir, tmp_path):
-    from nmt.translate import translate_to
+    from nmt.translate import InferenceOptions, translate_to
 
     src = tmp_path / "in.zh"
     src.write_text("我们在这里。\n\n猫在桌子上。\n", encoding="utf-8")
     out = tmp_path / "out.en"
-    n = translate_to(input_path=src, output_path=out, run_dir=tiny_run_dir, beam=2, device="cpu")
+    n = translate_to(InferenceOptions(tiny_run_dir, device="cpu", beam=2), input_path=src, output_path=out)
     lines = out.read_text(encoding="utf-8").split("\n")
     assert n == 3 and len(lines) == 4 and lines[1] == "" and lines[3] == ""

@@ -1,0 +1,65 @@
+"""Decoding engines: what turns batches of source ids into target ids and scores.
+
+`Translator` (nmt/translate.py) does the text work (normalisation, tokenisation, batching,
+detokenisation) and hands each padded batch to an engine. Every engine has the same method:
+
+    search(seqs, beam, nbest, len_penalty, greedy) -> list[list[(tokens, score)]]
+
+`seqs` are source piece ids without EOS; the result holds, per sequence, up to `nbest`
+`(target ids without BOS/EOS, score)` pairs, best first (score NaN for greedy).
+
+- `NativeEngine`: nmt's own PyTorch model and `nmt/search.py`.
+- the CTranslate2 engine lives in `nmt/ct2.py` (optional extra `nmt[ctranslate2]`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from nmt import EOS_ID, PAD_ID
+from nmt.config import DecodeConfig
+from nmt.device import autocast, check_precision
+from nmt.search import beam_search, greedy_search
+
+ENGINES = ("native", "ctranslate2")
+
+Found = list[list[tuple[list[int], float]]]
+
+
+def pad_sources(seqs: list[list[int]]) -> torch.Tensor:
+    """(B, S) long tensor: each sequence + EOS, right-padded with PAD_ID."""
+    width = max(len(s) for s in seqs) + 1
+    src = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)
+    for row, s in enumerate(seqs):
+        src[row, : len(s) + 1] = torch.tensor([*s, EOS_ID])
+    return src
+
+
+class NativeEngine:
+    """nmt's PyTorch model on `device`, decoding in `precision` (fp32 | bf16 | fp16)."""
+
+    name = "native"
+
+    def __init__(self, model: torch.nn.Module, decode: DecodeConfig, device: torch.device, precision: str) -> None:
+        check_precision(device, precision)
+        self.model = model.to(device).eval()
+        self.decode, self.device, self.precision = decode, device, precision
+
+    def search(self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float, greedy: bool) -> Found:
+        d = self.decode
+        src = pad_sources(seqs).to(self.device)  # (B, S)
+        with torch.inference_mode(), autocast(self.device, self.precision):
+            if greedy:
+                out = greedy_search(self.model, src, d.max_len_a, d.max_len_b, d.min_len)
+                return [[(tokens, float("nan"))] for tokens in out]
+            hyps = beam_search(
+                self.model, src, beam, nbest, len_penalty, d.max_len_a, d.max_len_b, d.min_len, d.no_repeat_ngram
+            )
+        return [[(h.tokens, h.score) for h in row] for row in hyps]
+
+
+def describe(engine: Any) -> str:
+    """'native fp32 on cpu'-style label for logs and reports."""
+    return f"{engine.name} {getattr(engine, 'precision', '')} on {getattr(engine, 'device', 'cpu')}".replace("  ", " ")

@@ -27,7 +27,7 @@ from torch import nn
 
 from nmt.config import Config, ConfigError, config_from_dict, config_to_yaml
 from nmt.errors import NmtError
-from nmt.runs import atomic_path
+from nmt.files import atomic_path
 
 STEP_RE = re.compile(r"^step_(\d+)\.safetensors$")
 STATE_RE = re.compile(r"^step_(\d+)\.state\.pt$")

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from nmt.errors import NmtError
+from nmt.files import atomic_write_text
 
 
 class ConfigError(NmtError):
@@ -380,6 +381,4 @@ def config_to_yaml(c: Config) -> str:
 
 def save_config(c: Config, path: str | Path) -> None:
     """Write the resolved config atomically."""
-    from nmt.runs import atomic_write_text
-
     atomic_write_text(Path(path), config_to_yaml(c))

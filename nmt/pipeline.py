@@ -10,7 +10,8 @@ import shutil
 from pathlib import Path
 
 from nmt.config import Config, config_to_dict
-from nmt.runs import atomic_path, hash_files, is_fresh, stamp_path, write_stamp
+from nmt.files import atomic_path
+from nmt.runs import hash_files, is_fresh, stamp_path, write_stamp
 
 
 def run_pipeline(config: Config, run_dir: Path, mirror: str | None = None) -> dict:

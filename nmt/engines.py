@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from nmt import EOS_ID, PAD_ID
+from nmt.batching import pad_sources  # re-exported: the one padded source batch
 from nmt.config import DecodeConfig
 from nmt.device import autocast, check_precision
 from nmt.search import beam_search, greedy_search
@@ -26,15 +26,7 @@ from nmt.search import beam_search, greedy_search
 ENGINES = ("native", "ctranslate2")
 
 Found = list[list[tuple[list[int], float]]]
-
-
-def pad_sources(seqs: list[list[int]]) -> torch.Tensor:
-    """(B, S) long tensor: each sequence + EOS, right-padded with PAD_ID."""
-    width = max(len(s) for s in seqs) + 1
-    src = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)
-    for row, s in enumerate(seqs):
-        src[row, : len(s) + 1] = torch.tensor([*s, EOS_ID])
-    return src
+__all__ = ["ENGINES", "Found", "NativeEngine", "describe", "pad_sources"]
 
 
 class NativeEngine:

@@ -12,8 +12,8 @@ needs the scores.
 
 N-best: `translate_nbest` returns each input's hypotheses as `(text, score)` lists, best first.
 `translate` and `translate_stream` return one string per input; with `nbest > 1` that string
-holds the n hypotheses joined by "\n" (best first), which is what `nmt translate --nbest`
-prints.
+holds n lines `score<TAB>text` (best first; score = the beam's length-normalised log-probability,
+4 decimals), which is what `nmt translate --nbest` prints: n lines per input.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ CHUNK_LINES = 2000  # lines read ahead (and sorted by length) by translate_strea
 class InferenceOptions:
     """Which model of a run, and how it decodes: one object for translate, eval and serve."""
 
-    run_dir: Path | None = None  # None: the default run (runs/latest)
+    run_dir: Path | None = None  # None: the newest run under runs/ with a model (nmt.runs.newest_model_run)
     checkpoint: Path | None = None  # None: the run's inference checkpoint (nmt.checkpoint)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "auto"  # auto | fp32 | bf16 | int8 (native engine)
@@ -105,18 +105,21 @@ class Translator:
         config: Config | None = None,
         engine: str = "native",
     ) -> Translator:
-        """Load `checkpoint` (default: final > best > latest of the run) with the run's vocabularies.
+        """Load `checkpoint` (default: `nmt.checkpoint.choose_inference_checkpoint`) with the run's vocabularies.
 
         The architecture comes from the checkpoint's stored config; the rest (data
         normalisation, decode settings) from `config`, else `<run>/config.yaml`, else the checkpoint.
+        Says on stderr which checkpoint (path, step, why) it loaded.
         """
-        from nmt.checkpoint import find_inference_checkpoint, load_weights
+        from nmt.checkpoint import choose_inference_checkpoint, describe_checkpoint, load_weights
         from nmt.model import build_model
         from nmt.vocab import load_tokenizers
 
         run_dir = Path(run_dir)
-        path = Path(checkpoint) if checkpoint is not None else find_inference_checkpoint(run_dir)
+        choice = choose_inference_checkpoint(run_dir) if checkpoint is None else None
+        path = Path(checkpoint) if choice is None else choice.path
         state, stored = load_weights(path)
+        print(describe_checkpoint(path, choice.reason if choice else "named by --checkpoint"), file=sys.stderr)
         saved = run_dir / "config.yaml"
         if config is None:
             config = load_config(saved) if saved.is_file() else stored
@@ -145,7 +148,7 @@ class Translator:
         """`from_run` with the model, device, precision and engine that `opts` names."""
         from nmt.runs import resolve_run
 
-        _, run = resolve_run(None, str(opts.run_dir) if opts.run_dir is not None else None)
+        _, run = resolve_run(None, str(opts.run_dir) if opts.run_dir is not None else None, need_model=True)
         return cls.from_run(run, opts.checkpoint, opts.device, opts.precision, config, opts.engine)
 
     # ----------------------------------------------------------------------- public API
@@ -153,7 +156,7 @@ class Translator:
     def translate(
         self, lines: list[str], beam: int | None = None, nbest: int = 1, len_penalty: float | None = None
     ) -> list[str]:
-        """One output string per input line (n-best joined by "\\n" when nbest > 1)."""
+        """One output string per input line (nbest > 1: n lines `score<TAB>text` joined by "\\n")."""
         return list(self.translate_stream(lines, beam=beam, nbest=nbest, len_penalty=len_penalty))
 
     def translate_nbest(
@@ -175,17 +178,23 @@ class Translator:
         for line in lines:
             chunk.append(line.rstrip("\r\n"))
             if len(chunk) >= chunk_lines:
-                yield from self._join(self._translate_chunk(chunk, first, beam, nbest, len_penalty))
+                yield from self._join(self._translate_chunk(chunk, first, beam, nbest, len_penalty), nbest)
                 first, chunk = first + len(chunk), []
         if chunk:
-            yield from self._join(self._translate_chunk(chunk, first, beam, nbest, len_penalty))
+            yield from self._join(self._translate_chunk(chunk, first, beam, nbest, len_penalty), nbest)
 
     # ----------------------------------------------------------------------- internals
 
     @staticmethod
-    def _join(results: list[list[tuple[str, float]]]) -> Iterator[str]:
+    def _join(results: list[list[tuple[str, float]]], nbest: int) -> Iterator[str]:
+        """One string per input: the text; with nbest > 1, `nbest` lines `score<TAB>text`, best
+        first (a blank input gives `nbest` lines `nan<TAB>`), so every input has the same line count."""
         for hyps in results:
-            yield "\n".join(text for text, _ in hyps) if hyps else ""
+            if nbest == 1:
+                yield hyps[0][0] if hyps else ""
+                continue
+            rows = [f"{score:.4f}\t{text}" for text, score in hyps[:nbest]]
+            yield "\n".join(rows + ["nan\t"] * (nbest - len(rows)))
 
     def encode_sources(self, lines: list[str], first_line: int = 1) -> list[list[int]]:
         """Normalised, tokenised, truncated source pieces (no EOS) for each line; [] for blank lines."""

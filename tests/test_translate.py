@@ -234,7 +234,8 @@ def test_nbest(copy_translator):
     scores = [s for _, s in nb[0]]
     assert len(nb[0]) >= 1 and scores == sorted(scores, reverse=True)
     joined = t.translate(["猫在桌子上。"], beam=3, nbest=3)[0]
-    assert joined.split("\n") == [text for text, _ in nb[0]]
+    assert joined.split("\n") == [f"{score:.4f}\t{text}" for text, score in nb[0]]  # score<TAB>text, best first
+    assert t.translate([""], beam=3, nbest=3)[0].split("\n") == ["nan\t"] * 3  # K lines for every input
 
 
 def test_from_run_loads_the_checkpoint(tiny_run_dir):

@@ -171,3 +171,33 @@ def test_average_last_with_fewer_kept_says_how_many(tmp_path, model, tiny_config
     assert "averaged 2 checkpoint(s) (steps 10, 20)" in result.message()
     assert "--last 5 asked for 5, but the run keeps only 2" in result.message()
     assert "asked for" not in ckpt.average_last(tmp_path, 2).message()
+
+
+def test_translate_loads_what_the_newest_training_made(tiny_run, mini_mirror, tmp_path):
+    """The issue's scenario: pipeline, then `nmt train --set train.max_steps=...` on the same run."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    def cli(*args: str):
+        result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+        assert result.exit_code == 0, result.stderr
+        return result
+
+    run = tmp_path / "tiny"
+    shutil.copytree(tiny_run, run)
+    trained = ckpt.checkpoint_step(ckpt.latest_checkpoint(run / "checkpoints"))
+    loaded = cli("translate", "--run", run, "我爱 AI").stderr
+    assert f"loaded {run / 'checkpoints' / 'final.safetensors'} (step" in loaded
+    assert f"after training step {trained}" in loaded
+    cli("train", "--run", run, "--set", f"train.max_steps={trained + 15}")
+    loaded = cli("translate", "--run", run, "我爱 AI").stderr.splitlines()
+    line = next(x for x in loaded if x.startswith("loaded "))
+    assert not line.startswith(f"loaded {run / 'checkpoints' / 'final.safetensors'}")
+    assert "stale" in line and f"training reached step {trained + 15}" in line
+    cli("pipeline", "--run", run, "--mirror", mini_mirror)  # selects again from the newest training
+    loaded = cli("eval", "--run", run, "--split", "valid", "--beam", "1").stderr
+    assert f"loaded {run / 'checkpoints' / 'final.safetensors'} (step" in loaded
+    assert f"after training step {trained + 15}" in loaded

@@ -87,7 +87,10 @@ class TrainConfig:
     max_len: int = 256  # pairs with a longer side (in pieces) are skipped
     max_steps: int = 0  # 0 = no limit
     max_epochs: int = 0  # 0 = no limit
-    max_time: str = ""  # wall-clock budget, e.g. "20m", "1h30m"; "" = no limit
+    # budget of training-loop wall time: updates, validation and checkpoint writes, summed over
+    # resumed runs (not start-up, not the final validation after the stop; nmt/stopping.py),
+    # e.g. "20m", "1h30m"; "" = no limit
+    max_time: str = ""
     eval_every: int = 1000
     eval_sentences: int = 500  # fixed validation subset for BLEU during training
     patience: int = 0  # early stop after this many evals without BLEU gain; 0 = off

@@ -275,14 +275,32 @@ def suggest(word: str, options: typing.Iterable[str]) -> str:
 # --------------------------------------------------------------------------- validation
 
 
+Need = typing.Callable[[bool, str, str], None]  # need(ok, "section.key", message)
+
+
 def validate(c: Config, source: str = "<config>") -> None:
-    """Reject values that cannot work, naming the key."""
+    """Reject values that cannot work, naming the key (one section checker each)."""
 
     def need(ok: bool, key: str, msg: str) -> None:
         if not ok:
             raise ConfigError(f"{source}: {key}: {msg}")
 
-    m, t, v, d, data = c.model, c.train, c.vocab, c.decode, c.data
+    _check_model(c.model, need)
+    _check_vocab(c.vocab, need)
+    _check_train(c.train, c.model, need)
+    try:
+        parse_duration(c.train.max_time)
+    except ValueError as e:
+        raise ConfigError(f"{source}: train.max_time: {e}") from None
+    _check_decode(c.decode, need)
+    _check_data(c.data, need)
+    m = c.model
+    if m.attention == "flash":
+        no_cuda = "'flash' needs a CUDA device, and none is available (use auto or sdpa)"
+        need(_cuda_available(), "model.attention", no_cuda)
+
+
+def _check_model(m: ModelConfig, need: Need) -> None:
     need(m.d_model > 0, "model.d_model", "must be positive")
     need(m.heads > 0, "model.heads", "must be positive")
     need(m.d_model % max(m.heads, 1) == 0, "model.d_model", f"{m.d_model} is not divisible by model.heads={m.heads}")
@@ -292,11 +310,17 @@ def validate(c: Config, source: str = "<config>") -> None:
     need(0.0 <= m.dropout < 1.0, "model.dropout", f"{m.dropout} is outside [0, 1)")
     need(0.0 <= m.attention_dropout < 1.0, "model.attention_dropout", f"{m.attention_dropout} is outside [0, 1)")
     need(m.max_positions > 0, "model.max_positions", "must be positive")
+
+
+def _check_vocab(v: VocabConfig, need: Need) -> None:
     need(v.src_size >= 16, "vocab.src_size", "must be at least 16")
     need(v.tgt_size >= 16, "vocab.tgt_size", "must be at least 16")
     need(0.9 <= v.src_coverage <= 1.0, "vocab.src_coverage", "must be in [0.9, 1]")
     need(0.9 <= v.tgt_coverage <= 1.0, "vocab.tgt_coverage", "must be in [0.9, 1]")
     need(v.workers >= 1, "vocab.workers", "must be at least 1")
+
+
+def _check_train(t: TrainConfig, m: ModelConfig, need: Need) -> None:
     need(t.max_tokens > 0, "train.max_tokens", "must be positive")
     need(t.update_freq >= 1, "train.update_freq", "must be at least 1")
     need(t.lr > 0, "train.lr", "must be positive")
@@ -316,22 +340,21 @@ def validate(c: Config, source: str = "<config>") -> None:
     need(t.keep_last >= 1, "train.keep_last", "must be at least 1")
     need(t.threads >= 0, "train.threads", "must be >= 0")
     need(t.max_nonfinite >= 1, "train.max_nonfinite", "must be at least 1")
-    try:
-        parse_duration(t.max_time)
-    except ValueError as e:
-        raise ConfigError(f"{source}: train.max_time: {e}") from None
+
+
+def _check_decode(d: DecodeConfig, need: Need) -> None:
     need(d.beam >= 1, "decode.beam", "must be at least 1")
     need(1 <= d.nbest <= d.beam, "decode.nbest", f"must be between 1 and decode.beam={d.beam}")
     need(d.max_len_a >= 0 and d.max_len_b >= 0, "decode.max_len_a", "length limits must be >= 0")
     need(d.min_len >= 0, "decode.min_len", "must be >= 0")
     need(d.no_repeat_ngram >= 0, "decode.no_repeat_ngram", "must be >= 0")
     need(d.max_tokens > 0 and d.batch_size > 0, "decode.max_tokens", "batch limits must be positive")
+
+
+def _check_data(data: DataConfig, need: Need) -> None:
     need(data.max_chars > 0, "data.max_chars", "must be positive")
     need(data.max_ratio >= 1.0, "data.max_ratio", "must be >= 1")
     need(data.max_train_pairs is None or data.max_train_pairs > 0, "data.max_train_pairs", "must be positive")
-    if m.attention == "flash":
-        no_cuda = "'flash' needs a CUDA device, and none is available (use auto or sdpa)"
-        need(_cuda_available(), "model.attention", no_cuda)
 
 
 def _cuda_available() -> bool:

@@ -16,7 +16,7 @@ all resumed invocations (``nmt.stopping`` says exactly what counts).
 
 The pieces, one seam each: `TrainData` (this rank's batches, tokenizers, validator),
 `build_seeded` / `wrap` (the model), `resume_checkpoint` (resume), `StoppingRules` (when to
-stop), `EvalHook` (validation and checkpoints), `TrainLog` + `_Window` (logging); `_Run`
+stop), `EvalHook` (validation and checkpoints), `TrainLog` + `_Progress` (logging); `_Run`
 only wires them together and runs the loop.
 """
 
@@ -222,7 +222,7 @@ class _Run:
         self.on_step = on_step
         with self.log:
             self._describe()
-            self.train_s, self.tokens0, self.window = 0.0, 0, _Window()
+            self.progress = _Progress(self.log, self.config.train.log_every, len(self.data.sampler))
             self.rules.start_clock(self.state)
             stop = self.rules.before_update(self.state)
             while stop is None:
@@ -242,26 +242,15 @@ class _Run:
         self.evaluate(self.model, self.trainer, lambda: self.rules.tick(self.state))
 
     def _one_update(self) -> None:
-        t, s = self.config.train, self.state
+        s = self.state
         start = time.monotonic()
-        group = self.data.stream.take(s, t.update_freq)
+        group = self.data.stream.take(s, self.config.train.update_freq)
         result = self.trainer.update([load_batch(self.data.dataset, idx) for idx in group])
-        self.train_s += time.monotonic() - start
+        seconds = time.monotonic() - start
         s.tokens += result.tokens
-        self.tokens0 += result.tokens
         if self.on_step is not None:
             self.on_step(result)
-        if result.skipped:
-            self.log.line(f"step {s.step + 1}: non-finite loss/gradient, update skipped ({s.nonfinite_run} in a row)")
-            return
-        self.window.add(result)
-        speed = self.tokens0 / max(self.train_s, 1e-9)
-        self.log.advance(s.step, f"loss {result.loss:.3f} lr {result.lr:.2e} {speed:,.0f} tok/s")
-        if s.step % t.log_every == 0:
-            values, self.window = self.window.values(), _Window()
-            values["epoch"] = s.epoch + s.batch_in_epoch / max(len(self.data.sampler), 1)
-            self.log.scalars("train", values, s.step)
-            self.log.line(f"step {s.step} | " + format_values(values))
+        self.progress.record(result, seconds, s)
 
     def _describe(self) -> None:
         for note in self.resumed.notes:
@@ -277,17 +266,46 @@ class _Run:
         latest = ckpt.latest_checkpoint(self.ckpt_dir)
         return {
             "steps": s.step,
-            "epochs": round(s.epoch + s.batch_in_epoch / max(len(self.data.sampler), 1), 3),
+            "epochs": round(self.progress.epochs(s), 3),
             "best_bleu": s.best_bleu,
             "best_step": s.best_step,
             "valid_bleu": valid.get("bleu", s.best_bleu),
             "valid_loss": valid.get("loss", float("nan")),
-            "tokens_per_s": self.tokens0 / max(self.train_s, 1e-9),
+            "tokens_per_s": self.progress.speed,
             "elapsed_s": s.elapsed,  # training-loop wall time over all invocations (what max_time limits)
             "nonfinite": s.nonfinite_total,
             "stopped": stop or "",
             "checkpoint": str(latest) if latest else "",
         }
+
+
+class _Progress:
+    """Per-update output: the bar (loss, lr, speed), skipped-update lines, train/* scalars every log_every."""
+
+    def __init__(self, log: TrainLog, log_every: int, batches_per_epoch: int) -> None:
+        self.log, self.log_every, self.batches_per_epoch = log, log_every, max(batches_per_epoch, 1)
+        self.window, self.tokens, self.seconds = _Window(), 0, 0.0
+
+    @property
+    def speed(self) -> float:
+        """Target tokens per second of update time in this invocation (validation excluded)."""
+        return self.tokens / max(self.seconds, 1e-9)
+
+    def epochs(self, s: TrainState) -> float:
+        return s.epoch + s.batch_in_epoch / self.batches_per_epoch
+
+    def record(self, result: StepResult, seconds: float, s: TrainState) -> None:
+        self.tokens, self.seconds = self.tokens + result.tokens, self.seconds + seconds
+        if result.skipped:
+            self.log.line(f"step {s.step + 1}: non-finite loss/gradient, update skipped ({s.nonfinite_run} in a row)")
+            return
+        self.window.add(result)
+        self.log.advance(s.step, f"loss {result.loss:.3f} lr {result.lr:.2e} {self.speed:,.0f} tok/s")
+        if s.step % self.log_every == 0:
+            values, self.window = self.window.values(), _Window()
+            values["epoch"] = self.epochs(s)
+            self.log.scalars("train", values, s.step)
+            self.log.line(f"step {s.step} | " + format_values(values))
 
 
 class _Window:

@@ -119,7 +119,7 @@ class Translator:
         choice = choose_inference_checkpoint(run_dir) if checkpoint is None else None
         path = Path(checkpoint) if choice is None else choice.path
         state, stored = load_weights(path)
-        print(describe_checkpoint(path, choice.reason if choice else "named by --checkpoint"), file=sys.stderr)
+        print(describe_checkpoint(path, choice.reason if choice else "named explicitly"), file=sys.stderr)
         saved = run_dir / "config.yaml"
         if config is None:
             config = load_config(saved) if saved.is_file() else stored

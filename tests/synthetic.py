@@ -35,14 +35,17 @@ import json
 import random
 from pathlib import Path
 
-NUMBERS = "一 二 三 四 五 六 七 八 九 十".split()
-NUMBER_WORDS = "one two three four five six seven eight nine ten".split()
+NUMBERS = ["一", "二", "三", "四", "五", "六", "七", "八", "九", "十"]
+NUMBER_WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
 SUBJECTS = [("我", "I"), ("你", "You"), ("他", "He"), ("她", "She"), ("我们", "We"), ("他们", "They")]
 VERBS = [("有", "have", "has"), ("买了", "bought", "bought"), ("看见了", "saw", "saw"), ("喜欢", "like", "likes")]
 THINGS = [("只", "猫", "cat"), ("条", "狗", "dog"), ("本", "书", "book"), ("个", "苹果", "apple"), ("只", "鸟", "bird")]
 COLOURS = [("红色的", "red"), ("白色的", "white"), ("黑色的", "black"), ("大", "big"), ("小", "small"), ("", "")]
 ITEMS = [("这本书", "This book"), ("这个苹果", "This apple"), ("那只猫", "That cat"), ("这张票", "This ticket")]
-MONTHS = "January February March April May June July August September October November December".split()
+MONTHS = [
+    *("January", "February", "March", "April", "May", "June"),
+    *("July", "August", "September", "October", "November", "December"),
+]
 DAYS_PER_MONTH = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 EVENTS = [("我的生日是", "My birthday is on"), ("会议在", "The meeting is on"), ("我们", "We leave on")]
 EVENT_ENDS = ("。", "。", "出发。")

@@ -361,6 +361,7 @@ def test_real_tatoeba_mirror(shared_data, tmp_path):
 
 # --------------------------------------------------------------------------- the default corpus from the hub
 
+
 # Real rows of Helsinki-NLP/tatoeba_mt, config eng-zho (Tatoeba Challenge v2021-08-07 test, CC-BY 2.0 FR,
 # tatoeba.org contributors), in the columns and order of the hub's Parquet conversion.
 def tatoeba_row(code: str, en: str, zh: str) -> dict:

@@ -203,7 +203,7 @@ def _write_codes(test: Source, bad: BadLines, read: int, tmp: Path, labels: list
     n = count_lines(codes)
     if n != read:
         raise NmtError(f"{codes} has {n} lines but {test.label} has {read}: codes must align with the test set")
-    with open(codes, encoding="utf-8") as f, open(tmp, "w", encoding="utf-8") as out:
+    with open(codes, encoding="utf-8-sig") as f, open(tmp, "w", encoding="utf-8") as out:
         out.writelines(line.rstrip("\r\n") + "\n" for i, line in enumerate(f, 1) if i not in bad.lines)
 
 

@@ -8,6 +8,7 @@ file naming the first bad line. Nothing is loaded into memory whole.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import warnings
@@ -134,11 +135,16 @@ def _parse_tsv(text: str, src: str, tgt: str) -> tuple[str, str] | str:
     return (fields[0], fields[1]) if len(fields) >= 2 else "expected source<TAB>target"
 
 
+def _no_bom(raw: bytes, lineno: int) -> bytes:
+    """The first line without a UTF-8 byte-order mark (Windows editors write one)."""
+    return raw[len(codecs.BOM_UTF8) :] if lineno == 1 and raw.startswith(codecs.BOM_UTF8) else raw
+
+
 def _read_lines(path: Path, parse: Callable, data: DataConfig, bad: BadLines) -> Iterator[tuple[int, str, str]]:
     with open(path, "rb") as f:  # bytes: a bad line is skipped, not fatal; only b"\n" ends a line
         for n, raw in enumerate(f, 1):
             try:
-                text = raw.decode("utf-8")
+                text = _no_bom(raw, n).decode("utf-8")
             except UnicodeDecodeError:
                 bad.add(n, "invalid UTF-8")
                 continue
@@ -165,7 +171,7 @@ def _read_plain(src_path: Path, tgt_path: Path, bad: BadLines) -> Iterator[tuple
     with open(src_path, "rb") as fs, open(tgt_path, "rb") as ft:
         for n, (rs, rt) in enumerate(zip(fs, ft, strict=True), 1):
             try:
-                yield n, rs.decode("utf-8").rstrip("\r\n"), rt.decode("utf-8").rstrip("\r\n")
+                yield n, _no_bom(rs, n).decode("utf-8").rstrip("\r\n"), _no_bom(rt, n).decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError:
                 bad.add(n, "invalid UTF-8")
 

@@ -466,3 +466,16 @@ def test_download_without_mirror_or_network_fails_fast_in_one_line(tmp_path, env
     err = done.stderr.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "Helsinki-NLP/tatoeba_mt" in err and "--mirror DIR" in err and "NMT_MIRROR" in err
+
+
+def test_one_pair_corpus_saved_with_a_bom(tmp_path):
+    """A Windows editor's UTF-8 BOM before the first record loses nothing (it used to drop the only pair)."""
+    root = mirror(tmp_path / "m", train=TRAIN[:1], subdir="")
+    for name in ("train.jsonl", "validation.jsonl", "test.jsonl"):
+        (root / name).write_bytes("\ufeff".encode() + (root / name).read_bytes())
+    (root / "test.codes.txt").write_bytes("\ufeffcmn_Hans\ncmn_Hant\n".encode())
+    stats = prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    out = tmp_path / "run" / "corpus"
+    assert stats["train"]["kept"] == 1 and stats["train"]["dropped"]["bad_line"] == 0
+    assert lines(out / "train.zh") == [TRAIN[0][0]] and lines(out / "valid.zh")[0] == VALID[0][0]
+    assert lines(out / "test.codes") == ["cmn_Hans", "cmn_Hant"]

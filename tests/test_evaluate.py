@@ -219,3 +219,10 @@ def test_src_ref_mismatch_names_both_files(tiny_run_dir, tmp_path):
         evaluate_run(config, run, EvalJob(src=src), translator=_oracle(run), quiet=True)
     with pytest.raises(NmtError, match="valid.zh: not found"):
         evaluate_run(config, run, EvalJob(split="valid"), translator=_oracle(run), quiet=True)
+
+
+def test_read_lines_ignores_a_bom(tmp_path):
+    """`nmt eval --src/--ref` files saved with a UTF-8 BOM: the first line is the sentence, not U+FEFF + it."""
+    path = tmp_path / "ref.en"
+    path.write_bytes("\ufeff".encode() + b"I like cats.\nIt rains.\n")
+    assert read_lines(path) == ["I like cats.", "It rains."]

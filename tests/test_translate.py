@@ -275,3 +275,23 @@ def test_translate_to_file(tiny_run_dir, tmp_path):
     n = translate_to(InferenceOptions(tiny_run_dir, device="cpu", beam=2), input_path=src, output_path=out)
     lines = out.read_text(encoding="utf-8").split("\n")
     assert n == 3 and len(lines) == 4 and lines[1] == "" and lines[3] == ""
+
+
+def test_translate_input_file_with_a_bom(tmp_path, monkeypatch):
+    """`nmt translate --input` on a file saved with a UTF-8 BOM: the model never sees U+FEFF."""
+    import nmt.translate as tr
+
+    seen: list[str] = []
+
+    class Recorder:
+        def translate_stream(self, lines, beam, nbest, len_penalty, *args):
+            for line in lines:
+                seen.append(line)
+                yield line.strip()
+
+    monkeypatch.setattr(tr.Translator, "from_options", classmethod(lambda cls, opts: Recorder()))
+    src, out = tmp_path / "in.zh", tmp_path / "out.en"
+    src.write_bytes("\ufeff".encode() + "你好。\n我爱你。\n".encode())
+    assert tr.translate_to(tr.InferenceOptions(tmp_path), input_path=src, output_path=out) == 2
+    assert [line.rstrip("\n") for line in seen] == ["你好。", "我爱你。"]
+    assert out.read_text(encoding="utf-8") == "你好。\n我爱你。\n"

@@ -8,6 +8,7 @@ learns in seconds (the tests assert that it does):
 - amounts:         `这本书二十五元。` → `This book costs 25 yuan.`  (Chinese numerals 1-99 → digits)
 - dates:           `我的生日是三月十二日。` → `My birthday is on March 12.`
 - clock times:     `我们九点见。` → `We meet at nine o'clock.`
+- questions:       `你有几本书？` → `How many books do you have?`
 
 A fraction of the pairs is written in Traditional characters (`個`, `書`, `買`, `貓`, `鳥`, `點`
 …); the test split labels each line `cmn_Hant` or `cmn_Hans` in `test.codes.txt`, like the real
@@ -25,6 +26,11 @@ API:
         schema ({"translation": {"zh": ..., "en": ...}}, one per line, UTF-8) and
         test.codes.txt; returns <root> (what `--mirror` / `NMT_MIRROR` takes). The three
         splits share no pair.
+    vocab_pairs(n, seed=0) -> list[tuple[str, str]]
+        n pairs with a large inventory: half `pairs`, half random common CJK characters
+        (Zipf-like, about 1,500 distinct in 3,000 pairs) with pseudo-English of matching length.
+        For vocabulary tests (character coverage, byte fallback, sizes); not learnable.
+    write_mirror(..., rich=True) writes vocab_pairs instead of pairs.
     write_plain(folder, stem, rows) -> tuple[Path, Path]
         <folder>/<stem>.zh and <stem>.en, one sentence per line.
 """
@@ -87,7 +93,14 @@ def _clock(rng: random.Random) -> tuple[str, str]:
     return f"{zs}{chinese_number(h)}点见。", f"{es} meet at {NUMBER_WORDS[h - 1] if h <= 10 else h} o'clock."
 
 
-_KINDS = (_counted, _counted, _amount, _date, _clock)
+def _question(rng: random.Random) -> tuple[str, str]:
+    (zs, es), (cl, zt, et) = rng.choice(SUBJECTS), rng.choice(THINGS)
+    pronoun = {"I": "I", "You": "you", "He": "he", "She": "she", "We": "we", "They": "they"}[es]
+    does = "does" if es in ("He", "She") else "do"
+    return f"{zs}有几{cl}{zt}？", f"How many {et}s {does} {pronoun} have?"
+
+
+_KINDS = (_counted, _counted, _amount, _date, _clock, _question)
 
 
 def pairs(n: int, seed: int = 0, traditional: float = 0.2) -> list[tuple[str, str]]:
@@ -103,6 +116,33 @@ def pairs(n: int, seed: int = 0, traditional: float = 0.2) -> list[tuple[str, st
             seen.add(en)
             out.append((zh, en))
     raise ValueError(f"the grammar has fewer than {n} distinct pairs")
+
+
+_SYLLABLES = [c + v for c in "bdfghklmnprstvz" for v in ("a", "e", "i", "o", "u", "ai", "en", "or")]
+_CJK_POOL = 3000  # U+4E00 onwards: common and rarer characters, Simplified and Traditional
+
+
+def _noise_pair(rng: random.Random) -> tuple[str, str]:
+    k = rng.randrange(3, 15)
+    zh = "".join(chr(0x4E00 + int(rng.expovariate(1 / 400)) % _CJK_POOL) for _ in range(k)) + "。"
+    words, size = [], 0
+    while size < 3 * k:
+        words.append("".join(rng.choice(_SYLLABLES) for _ in range(rng.randrange(1, 4))))
+        size += len(words[-1]) + 1
+    return zh, " ".join(words).capitalize() + "."
+
+
+def vocab_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """Half `pairs(n // 2, seed)`, half random characters/pseudo-words, interleaved; distinct English."""
+    rng, base = random.Random(seed + 1), pairs(n // 2, seed)
+    noise: list[tuple[str, str]] = []
+    seen = {en for _, en in base}
+    while len(noise) < n - len(base):
+        zh, en = _noise_pair(rng)
+        if en not in seen:
+            seen.add(en)
+            noise.append((zh, en))
+    return [p for pair in zip(base, noise, strict=False) for p in pair] + noise[len(base) :]
 
 
 def script_code(zh: str) -> str:
@@ -123,10 +163,16 @@ def write_plain(folder: Path, stem: str, rows: list[tuple[str, str]]) -> tuple[P
 
 
 def write_mirror(
-    root: Path, train: int = 2000, valid: int = 200, test: int = 200, seed: int = 0, subdir: str = "tatoeba-zh-en"
+    root: Path,
+    train: int = 2000,
+    valid: int = 200,
+    test: int = 200,
+    seed: int = 0,
+    subdir: str = "tatoeba-zh-en",
+    rich: bool = False,
 ) -> Path:
     """A mirror directory like ../shared/data, made of `pairs(train + valid + test, seed)`; returns root."""
-    rows = pairs(train + valid + test, seed)
+    rows = (vocab_pairs if rich else pairs)(train + valid + test, seed)
     folder = Path(root) / subdir
     folder.mkdir(parents=True, exist_ok=True)
     _write_jsonl(folder / "train.jsonl", rows[:train])

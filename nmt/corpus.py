@@ -1,7 +1,8 @@
 """Corpus preparation: read a recipe's splits (hub or local mirror), clean train, write plain text.
 
 Writes `<run>/corpus/{train,valid,test}.{src,tgt}` (one sentence per line), `test.codes` when the
-mirror has a `test.codes.txt` next to the test file, and `stats.json` (per split: read, kept,
+mirror has a `test.codes.txt` next to the test file (or the hub recipe has a label column), and
+`stats.json` (per split: read, kept,
 dropped per rule; `read == kept + sum(dropped)`). All files of one call appear together or not
 at all.
 

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 PROBE_SECONDS = 5.0
 HUB_TIMEOUTS = {"HF_HUB_ETAG_TIMEOUT": "10", "HF_HUB_DOWNLOAD_TIMEOUT": "30"}  # seconds
-MIRROR_HINT = "use a local copy: --mirror DIR or NMT_MIRROR=DIR (see README, 'Data')"
+MIRROR_HINT = "use a local copy: --mirror DIR or NMT_MIRROR=DIR (README: Corpora)"
 
 
 @dataclass(frozen=True)

@@ -301,9 +301,12 @@ def test_unknown_corpus_suggests(tmp_path):
         prepare_corpus(config(corpus="tatoba"), tmp_path / "run", mirror=str(tmp_path))
 
 
-def test_corpus_without_train_split(shared_data, tmp_path):
+def test_corpus_without_train_split(tmp_path):
+    root = tmp_path / "m"
+    write_jsonl(root / "wmt-news-zh-en" / "validation.jsonl", VALID)  # like the real mirror: no train file
+    write_jsonl(root / "wmt-news-zh-en" / "test.jsonl", TEST)
     with pytest.raises(NmtError, match="'wmt_news' has no train split.*evaluation"):
-        prepare_corpus(config(corpus="wmt_news"), tmp_path / "run", mirror=str(shared_data))
+        prepare_corpus(config(corpus="wmt_news"), tmp_path / "run", mirror=str(root))
 
 
 # --------------------------------------------------------------------------- atomic output and stamps
@@ -394,7 +397,12 @@ def hub_dev(n: int = 90) -> list[dict]:
 def fake_tatoeba_hub(monkeypatch, calls: list, tables: dict[str, list[dict]]) -> None:
     """`datasets.load_dataset` as it answers for the Parquet conversion of Helsinki-NLP/tatoeba_mt."""
 
+    import inspect
+
+    real = inspect.signature(__import__("datasets").load_dataset)
+
     def load_dataset(path, name=None, *, split=None, streaming=False, revision=None, data_files=None, **kw):
+        real.bind(path, name, split=split, streaming=streaming, revision=revision, data_files=data_files, **kw)
         calls.append({"path": path, "name": name, "split": split, "revision": revision, "data_files": data_files})
         assert name is None and streaming and not kw and list(data_files) == [split]
         config, hub_split, files = data_files[split].split("/")

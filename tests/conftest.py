@@ -41,6 +41,16 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "real_data: uses the real corpus mirror; deselected where it is absent")
 
 
+_REAL_DESELECTED = pytest.StashKey[int]()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    n = config.stash.get(_REAL_DESELECTED, 0)
+    if n:
+        checks = f"{n} check{'s' * (n > 1)}"
+        terminalreporter.write_line(f"{checks} on the real corpus deselected: no mirror at {SHARED_DATA}")
+
+
 def pytest_report_header(config):
     where = "found" if has_real_mirror() else "absent: tests on it are deselected, the generated corpus is used"
     return f"real corpus mirror {SHARED_DATA}: {where}"
@@ -55,6 +65,7 @@ def pytest_collection_modifyitems(config, items):
     if not has_real_mirror():  # extra checks on the real data: not run (rather than skipped) without it
         real = [i for i in items if "real_data" in i.keywords or "shared_data" in getattr(i, "fixturenames", ())]
         if real:
+            config.stash[_REAL_DESELECTED] = len(real)
             config.hook.pytest_deselected(items=real)
             items[:] = [i for i in items if i not in real]
     if torch.cuda.is_available():

@@ -42,7 +42,7 @@ class HubSplit:
     """One of our splits as read from the hub: a hub split, whole or a hashed 1-in-`every` sample."""
 
     split: str  # hub split name: train | validation | test
-    every: int = 0  # > 0: keep the rows whose English hash % every == 0
+    every: int = 0  # > 0: keep the rows whose target-side (English) hash % every == 0
     rest: bool = False  # with every: keep the other rows instead
 
     def keeps(self, target: str) -> bool:

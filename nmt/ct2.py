@@ -65,10 +65,11 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 
 import nmt
 from nmt import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from nmt.config import Config, DecodeConfig, ModelConfig, config_to_dict, load_config
+from nmt.config import Config, DecodeConfig, ModelConfig, config_from_dict, config_to_dict, load_config
 from nmt.errors import NmtError
 
 try:
@@ -243,9 +244,6 @@ class _Source:
 
 def _resolve_source(run_dir: Path, checkpoint: Path | None, config: Config | None = None) -> _Source:
     from nmt.checkpoint import find_inference_checkpoint, read_metadata
-    from nmt.config import config_from_dict
-
-    import yaml
 
     run_dir = Path(run_dir)
     path = Path(checkpoint) if checkpoint is not None else find_inference_checkpoint(run_dir)

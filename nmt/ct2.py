@@ -401,6 +401,24 @@ class CTranslate2Engine:
         self.eos = tgt[EOS_ID]
 
     @classmethod
+    def from_export(cls, model_dir: Path, config: Config | None, device: torch.device, precision: str) -> tuple:
+        """An exported directory (`nmt export`) on its own: (engine, source tokenizer, target
+        tokenizer, config). The config is `config` (normalisation, decode settings) with the model
+        section of the export's manifest; without `config`, the manifest's whole config."""
+        from nmt.vocab import Tokenizer
+
+        require_ctranslate2()
+        model_dir = Path(model_dir)
+        if not (model_dir / MANIFEST).is_file():
+            raise NmtError(f"{model_dir}: not an nmt export (no {MANIFEST}); make one with `nmt export`")
+        manifest = json.loads((model_dir / MANIFEST).read_text(encoding="utf-8"))
+        stored = config_from_dict(manifest["config"], source=str(model_dir / MANIFEST))
+        config = dataclasses.replace(config or stored, model=stored.model)
+        engine = cls(model_dir, config.decode, torch.device(device), precision)
+        tokenizers = Tokenizer(model_dir / manifest["source_model"]), Tokenizer(model_dir / manifest["target_model"])
+        return engine, *tokenizers, config
+
+    @classmethod
     def from_checkpoint(
         cls, run_dir: Path, path: Path, config: Config, device: torch.device, precision: str
     ) -> CTranslate2Engine:

@@ -115,6 +115,12 @@ class Translator:
         from nmt.vocab import load_tokenizers
 
         run_dir = Path(run_dir)
+        if engine == "ctranslate2" and checkpoint is not None and Path(checkpoint).is_dir():
+            from nmt.ct2 import CTranslate2Engine  # an `nmt export` directory: no PyTorch weights needed
+
+            dev = resolve_device(device)
+            ct2, src_tok, tgt_tok, config = CTranslate2Engine.from_export(checkpoint, config, dev, precision)
+            return cls(None, src_tok, tgt_tok, config, checkpoint=Path(checkpoint), engine=ct2)
         path = Path(checkpoint) if checkpoint is not None else find_inference_checkpoint(run_dir)
         state, stored = load_weights(path)
         saved = run_dir / "config.yaml"

@@ -322,6 +322,16 @@ def test_cli_translate_with_both_engines(trained_run):
     assert outputs[0] == outputs[1] and outputs[0].strip()
 
 
+def test_translate_with_an_exported_directory(trained_run, tmp_path):
+    """`--checkpoint DIR --engine ctranslate2` decodes with the export alone (its weights and vocabularies)."""
+    out = ct2.export_run(ct2.ExportOptions(trained_run, output=tmp_path / "m"))
+    lines = _lines(trained_run, "valid.zh")[:5]
+    args = ("translate", "--run", str(trained_run), "--engine", "ctranslate2", "--precision", "fp32", *lines)
+    from_export = _invoke(*args, "--checkpoint", str(out)).stdout
+    assert from_export == _invoke(*args).stdout and len(from_export.splitlines()) == 5
+    _one_line_error(_invoke(*args, "--checkpoint", str(tmp_path)), "not an nmt export (no manifest.json)")
+
+
 def test_cli_errors(trained_run, tmp_path, monkeypatch):
     run = str(trained_run)
     _one_line_error(_invoke("export", "--run", run, "--format", "onnx"), "--format 'onnx': expected one of ctranslate2")

@@ -332,6 +332,18 @@ def test_translate_with_an_exported_directory(trained_run, tmp_path):
     _one_line_error(_invoke(*args, "--checkpoint", str(tmp_path)), "not an nmt export (no manifest.json)")
 
 
+def test_cli_eval_with_both_engines(trained_run):
+    """`nmt eval --engine ctranslate2` writes its own report beside the native one; the BLEU agree."""
+    reports = {}
+    for engine, name in (("native", "valid"), ("ctranslate2", "valid.ctranslate2")):
+        args = ("--run", str(trained_run), "--split", "valid", "--engine", engine, "--precision", "fp32")
+        result = _invoke("eval", *args)
+        assert result.exit_code == 0
+        reports[engine] = json.loads((trained_run / "eval" / f"{name}.json").read_text(encoding="utf-8"))
+        assert reports[engine]["decode"]["engine"] == engine
+    assert abs(reports["native"]["bleu"] - reports["ctranslate2"]["bleu"]) <= 0.2
+
+
 def test_cli_errors(trained_run, tmp_path, monkeypatch):
     run = str(trained_run)
     _one_line_error(_invoke("export", "--run", run, "--format", "onnx"), "--format 'onnx': expected one of ctranslate2")

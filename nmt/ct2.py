@@ -247,7 +247,10 @@ class _Source:
 
 
 def _resolve_source(run_dir: Path, checkpoint: Path | None, config: Config | None = None) -> _Source:
+    """The checkpoint (default: final > best > latest), config and vocabularies of a run, as
+    `Translator.from_run` finds them; the weights themselves are read only when converting."""
     from nmt.checkpoint import find_inference_checkpoint, read_metadata
+    from nmt.vocab import load_tokenizers
 
     run_dir = Path(run_dir)
     path = Path(checkpoint) if checkpoint is not None else find_inference_checkpoint(run_dir)
@@ -256,15 +259,10 @@ def _resolve_source(run_dir: Path, checkpoint: Path | None, config: Config | Non
         raise NmtError(f"{path}: checkpoint has no config in its metadata (not written by nmt)")
     stored = config_from_dict(yaml.safe_load(meta["config"]) or {}, source=f"{path}:config")
     if config is None:
-        saved = run_dir / "config.yaml"
-        config = load_config(saved) if saved.is_file() else stored
+        config = load_config(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else stored
     config = dataclasses.replace(config, model=dataclasses.replace(stored.model))
-    vocab = run_dir / "vocab"
-    src, tgt = vocab / f"{config.data.src_lang}.model", vocab / f"{config.data.tgt_lang}.model"
-    for p in (src, tgt):
-        if not p.is_file():
-            raise NmtError(f"{p}: SentencePiece model not found; run `nmt vocab` first")
-    return _Source(run_dir, path, config, src, tgt)
+    src_tok, tgt_tok = load_tokenizers(run_dir, config)
+    return _Source(run_dir, path, config, src_tok.path, tgt_tok.path)
 
 
 def _digest(src: _Source, quantization: str | None) -> str:
@@ -345,7 +343,11 @@ def ensure_export(src: _Source, output: Path | None, quantization: str | None) -
         return out
     if out.exists() and not (out / MANIFEST).is_file():
         raise NmtError(f"{out}: exists and is not an nmt export; choose another --output")
-    return _write_export(src, out, quantization, digest)
+    try:
+        return _write_export(src, out, quantization, digest)
+    except OSError as e:
+        hint = "nmt export --output DIR, then --checkpoint DIR"
+        raise NmtError(f"{out}: cannot write ({e.strerror or e}); {hint}") from None
 
 
 def export_run(opts: ExportOptions) -> Path:

@@ -39,7 +39,11 @@ Decoding (`CTranslate2Engine.search`) maps nmt's decode settings onto `translate
   equal limit, one call each, with max_decoding_length = max_len. At that limit nmt closes every
   open beam with a forced EOS, CTranslate2 returns it without one: such hypotheses are rescored
   here (`score_batch`: their log-probability plus that of the EOS, over (max_len + 1) **
-  len_penalty) and the list re-ranked. Greedy outputs are the same tokens either way.
+  len_penalty) and the list re-ranked. Because CTranslate2 ranks them too high before that and
+  returns only `beam` hypotheses, a sentence that reached its limit is decoded once more with
+  patience 2 (same search, all finished hypotheses returned). Left over: where EOS candidates
+  ranked among the top `beam` at the last free step, nmt closes the runners-up that replace
+  them as well; CTranslate2 never saw those. Greedy outputs are the same tokens either way.
 - min_len → min_decoding_length (EOS disabled while fewer tokens were generated, in both).
 - no_repeat_ngram → no_repeat_ngram_size (both look at the generated tokens, BOS excluded).
 - Stopping: both take the top 2K candidates per step, finish the EOS among the first K and stop
@@ -444,21 +448,40 @@ class CTranslate2Engine:
         for limit, group in groupby(order, key=lambda i: limits[i]):
             rows = list(group)
             sources = [[self.src_pieces[t] for t in seqs[i]] for i in rows]
-            results = self._translate(sources, limit, beam, len_penalty, greedy)
-            for i, source, result in zip(rows, sources, results, strict=True):
-                if greedy:
+            if greedy:
+                for i, result in zip(rows, self._translate(sources, limit, 1, len_penalty, True), strict=True):
                     found[i] = [(self._ids(result.hypotheses[0])[:limit], math.nan)]
-                else:
-                    found[i] = self._rank(source, result, limit, len_penalty)[:nbest]
+                continue
+            for i, source, result in zip(rows, sources, self._beam(sources, limit, beam, len_penalty), strict=True):
+                found[i] = self._rank(source, result, limit, len_penalty)[:nbest]
         return found
 
-    def _translate(self, sources: list[list[str]], limit: int, beam: int, len_penalty: float, greedy: bool) -> list:
-        """One `translate_batch` call; beam search returns all `beam` finished hypotheses (for `_rank`)."""
+    def _beam(self, sources: list[list[str]], limit: int, beam: int, len_penalty: float) -> list:
+        """Beam search results holding every finished hypothesis nmt would weigh (see `_translate`)."""
+        results = self._translate(sources, limit, beam, len_penalty, False)
+        again = [j for j, r in enumerate(results) if any(h[-1:] != [self.eos] for h in r.hypotheses)]
+        if again:  # these reached the limit: decode them again, keeping all their finished hypotheses
+            more = self._translate([sources[j] for j in again], limit, beam, len_penalty, False, patience=2)
+            for j, result in zip(again, more, strict=True):
+                results[j] = result
+        return results
+
+    def _translate(
+        self, sources: list[list[str]], limit: int, beam: int, len_penalty: float, greedy: bool, patience: int = 1
+    ) -> list:
+        """One `translate_batch` call returning `beam * patience` finished hypotheses (for `_rank`).
+
+        patience 2 does not change the search of a sentence that reaches its limit with fewer
+        than `beam` finished hypotheses (it runs to the limit either way), but returns all of
+        them: with patience 1, CTranslate2 keeps only the `beam` best by its own scores, where
+        the hypotheses cut at the limit lack the log-probability of nmt's forced EOS.
+        """
         d = self.decode
         return self.translator.translate_batch(
             sources,
             beam_size=1 if greedy else beam,
-            num_hypotheses=1 if greedy else beam,
+            patience=patience,
+            num_hypotheses=1 if greedy else beam * patience,
             length_penalty=len_penalty,
             max_decoding_length=max(limit, 1),  # 1: CTranslate2 needs a step; cut back by `search`
             min_decoding_length=d.min_len,

@@ -176,7 +176,10 @@ def _write_export(src: _Source, out: Path, quantization: str | None, digest: str
     tmp = out.parent / f".{out.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        converter.convert(str(tmp), quantization=quantization, force=True)
+        try:
+            converter.convert(str(tmp), quantization=quantization, force=True)
+        except ValueError as e:  # the spec's own validation, e.g. a vocabulary of another size
+            raise NmtError(f"{src.checkpoint}: CTranslate2 refused the model ({e})") from None
         shutil.copyfile(src.src_model, tmp / "source.model")
         shutil.copyfile(src.tgt_model, tmp / "target.model")
         manifest = {

@@ -255,6 +255,14 @@ def test_parameter_without_counterpart_is_refused(trained_run, tmp_path):
     assert not (run / "export").exists() or not any((run / "export").iterdir()), "nothing half-written"
 
 
+def test_vocabulary_of_another_size_is_refused(trained_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("eval", "export"))
+    shutil.copyfile(run / "vocab" / "zh.model", run / "vocab" / "en.model")  # sizes differ
+    with pytest.raises(NmtError, match="CTranslate2 refused the model .*vocabulary"):
+        ct2.export_run(ct2.ExportOptions(run))
+
+
 # --------------------------------------------------------------------------- command line
 
 

@@ -387,6 +387,8 @@ class CTranslate2Engine:
             for ids, r in zip(cut, rescored, strict=True):
                 ranked.append((ids, sum(r.log_probs) / float(limit + 1) ** len_penalty))
         ranked.sort(key=lambda h: -h[1])
-        seen: set[tuple[int, ...]] = set()
-        unique = [h for h in ranked if not (tuple(h[0]) in seen or seen.add(tuple(h[0])))]
-        return [h for h in unique if PAD_ID not in h[0] and BOS_ID not in h[0]] or unique
+        best: dict[tuple[int, ...], float] = {}  # first = best score of each token sequence
+        for ids, score in ranked:
+            best.setdefault(tuple(ids), score)
+        unique = [(list(ids), score) for ids, score in best.items()]
+        return [h for h in unique if PAD_ID not in h[0] and BOS_ID not in h[0]] or unique  # nmt never emits them

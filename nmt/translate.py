@@ -112,36 +112,32 @@ class Translator:
         Says on stderr which checkpoint (path, step, why) it loaded.
         """
         from nmt.checkpoint import choose_inference_checkpoint, describe_checkpoint, load_weights
-        from nmt.model import build_model
         from nmt.vocab import load_tokenizers
 
         run_dir = Path(run_dir)
+        if engine not in ENGINES:
+            raise NmtError(f"--engine {engine!r}: expected one of {' | '.join(ENGINES)}")
+        dev = resolve_device(device)
+        if engine == "ctranslate2" and checkpoint is not None and Path(checkpoint).is_dir():
+            from nmt.ct2 import CTranslate2Engine  # an `nmt export` directory: no PyTorch weights needed
+
+            ct2, src_tok, tgt_tok, config = CTranslate2Engine.from_export(checkpoint, config, dev, precision)
+            return cls(None, src_tok, tgt_tok, config, checkpoint=Path(checkpoint), engine=ct2)
         choice = choose_inference_checkpoint(run_dir) if checkpoint is None else None
         path = Path(checkpoint) if choice is None else choice.path
         state, stored = load_weights(path)
-        print(describe_checkpoint(path, choice.reason if choice else "named explicitly"), file=sys.stderr)
-        saved = run_dir / "config.yaml"
-        if config is None:
-            config = load_config(saved) if saved.is_file() else stored
-        config = dataclasses.replace(config, model=dataclasses.replace(stored.model))
-        dev = resolve_device(device)
-        if config.model.attention == "flash" and dev.type != "cuda":
-            config.model.attention = "auto"  # trained with flash on a GPU, decoded elsewhere
+        config = _inference_config(run_dir, config, stored, dev)
         src_tok, tgt_tok = load_tokenizers(run_dir, config)
-        model = build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
-        try:
-            model.load_state_dict(state)
-        except RuntimeError as e:
-            first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
-            raise NmtError(f"{path}: does not fit the vocabularies in {run_dir / 'vocab'} ({first})") from None
-        if engine not in ENGINES:
-            raise NmtError(f"--engine {engine!r}: expected one of {' | '.join(ENGINES)}")
         if engine == "ctranslate2":
             from nmt.ct2 import CTranslate2Engine  # optional extra nmt[ctranslate2]
 
             ct2 = CTranslate2Engine.from_checkpoint(run_dir, path, config, dev, precision)
-            return cls(None, src_tok, tgt_tok, config, checkpoint=path, engine=ct2)
-        return cls(model, src_tok, tgt_tok, config, dev, resolve_precision(dev, precision), path)
+            translator = cls(None, src_tok, tgt_tok, config, checkpoint=path, engine=ct2)
+        else:
+            model = _load_model(config, state, src_tok.vocab_size, tgt_tok.vocab_size, path)
+            translator = cls(model, src_tok, tgt_tok, config, dev, resolve_precision(dev, precision), path)
+        print(describe_checkpoint(path, choice.reason if choice else "named explicitly"), file=sys.stderr)
+        return translator
 
     @classmethod
     def from_options(cls, opts: InferenceOptions, config: Config | None = None) -> Translator:
@@ -262,6 +258,30 @@ class Translator:
         self.stats.src_tokens += sum(len(s) + 1 for s in seqs)
         self.stats.tgt_tokens += sum(len(f[0][0]) for f in found if f)
         return found
+
+
+def _inference_config(run_dir: Path, config: Config | None, stored: Config, device: torch.device) -> Config:
+    """The run's config (or `config`) with the checkpoint's own model section, usable on `device`."""
+    saved = run_dir / "config.yaml"
+    if config is None:
+        config = load_config(saved) if saved.is_file() else stored
+    config = dataclasses.replace(config, model=dataclasses.replace(stored.model))
+    if config.model.attention == "flash" and device.type != "cuda":
+        config.model.attention = "auto"  # trained with flash on a GPU, decoded elsewhere
+    return config
+
+
+def _load_model(config: Config, state: dict, src_vocab: int, tgt_vocab: int, path: Path) -> torch.nn.Module:
+    """The Transformer of `config` with the weights `state` (read from `path`)."""
+    from nmt.model import build_model
+
+    model = build_model(config, src_vocab, tgt_vocab)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
+        raise NmtError(f"{path}: does not fit the vocabularies beside it ({first})") from None
+    return model
 
 
 def _clean(tokens: list[int]) -> list[int]:

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.cache import DecoderState, KVCache
 from nmt.config import ConfigError
 from nmt.masks import attention_mask_from_padding, causal_mask, decoder_self_mask
 
@@ -79,6 +80,17 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout
     any_key = mask.any(dim=-1, keepdim=True)  # (B, 1, T|1, 1)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~any_key, dropout_p=dropout_p)
     return out * any_key.to(out.dtype)  # (B, H, T, dk)
+
+
+def step_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None) -> Tensor:
+    """The kernel of incremental decoding: a few queries over cached keys, as `math_attention`
+    computes it, with an additive fp32 `bias` (broadcastable to (..., Tq, S)) instead of a boolean
+    mask. q (..., Tq, dk), k/v (..., S, dk) → (..., Tq, dk). Matmuls in the input dtype, softmax in
+    fp32. On CPU this is faster than `scaled_dot_product_attention` for one query per row."""
+    scores = torch.matmul(q * (q.size(-1) ** -0.5), k.transpose(-2, -1)).float()  # (..., Tq, S)
+    if bias is not None:
+        scores = scores + bias
+    return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)
 
 
 def dense_mask(key_pad: Tensor | None, causal: bool, t_query: int, device: torch.device) -> Tensor | None:
@@ -245,27 +257,23 @@ class MultiHeadAttention(nn.Module):
         k, v = self._project_kv(memory)
         return k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
 
-    def _step_backend(self, x: Tensor) -> str:
-        backend = self._backend(x.device, x.dtype)
-        return "sdpa" if backend == "flash" else backend  # one query per row: no packing to gain
+    def self_step(self, x: Tensor, cache: KVCache, layer: int, t: int) -> Tensor:
+        """One decoding step of self-attention. x (R, 1, D) → (R, 1, D); this token's K/V are written
+        at position `t` of `cache` (layer `layer`). The token attends to every cached position and
+        itself, so no mask is needed."""
+        R = x.size(0)
+        qkv = self.in_proj(x).view(R, 3, self.heads, self.d_k)  # (R, 3, H, dk)
+        k, v = cache.append(layer, t, qkv[:, 1:])  # (R, H, t+1, dk) each
+        out = step_attention(qkv[:, 0, :, None], k, v)  # (R, H, 1, dk)
+        return self.out_proj(out.reshape(R, 1, self.d_model))
 
-    def self_step(self, x: Tensor, past_k: Tensor | None, past_v: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """One decoding step of self-attention. x (B, 1, D); past_k/v (B, H, t, dk) or None at the
-        first step → (output (B, 1, D), k (B, H, t+1, dk), v (B, H, t+1, dk)). The new token
-        attends to every cached position and itself, so no mask is needed."""
-        B = x.size(0)
-        qkv = self.in_proj(x).view(B, 1, 3, self.heads, self.d_k).transpose(1, 3)  # (B, H, 3, 1, dk)
-        q, k, v = qkv.unbind(2)  # (B, H, 1, dk) each
-        if past_k is not None and past_v is not None:
-            k = torch.cat([past_k, k.to(past_k.dtype)], dim=2)  # (B, H, t+1, dk)
-            v = torch.cat([past_v, v.to(past_v.dtype)], dim=2)
-        out = self._dense(q, k.to(q.dtype), v.to(q.dtype), None, self._step_backend(x))  # (B, H, 1, dk)
-        return self._merge(out.transpose(1, 2)), k, v
-
-    def cross_step(self, x: Tensor, k: Tensor, v: Tensor, key_pad: Tensor) -> Tensor:
-        """One decoding step of cross-attention. x (B, 1, D); k/v (B, H, S, dk) from `memory_kv`;
-        key_pad (B, S) → (B, 1, D)."""
-        q = self._project_q(x).transpose(1, 2)  # (B, H, 1, dk)
-        mask = attention_mask_from_padding(key_pad)  # (B, 1, 1, S)
-        out = self._dense(q, k.to(q.dtype), v.to(q.dtype), mask, self._step_backend(x))
-        return self._merge(out.transpose(1, 2))
+    def cross_step(self, x: Tensor, state: DecoderState, layer: int) -> Tensor:
+        """One decoding step of cross-attention. x (R, 1, D) with R = N sentences × `state.beam`
+        rows → (R, 1, D). The beams of a sentence are its queries: q (N, H, beam, dk) against the
+        sentence's K/V (N, H, S, dk), computed once by `memory_kv`."""
+        R, N = x.size(0), state.src_pad.size(0)
+        q = self._project_q(x).view(N, R // N, self.heads, self.d_k).transpose(1, 2)  # (N, H, beam, dk)
+        out = step_attention(q, state.cross_k[layer], state.cross_v[layer], state.cross_bias)  # (N, H, beam, dk)
+        if state.cross_empty is not None:
+            out = out * state.cross_empty.to(out.dtype)  # no real key: zero output, as in `forward`
+        return self.out_proj(out.transpose(1, 2).reshape(R, 1, self.d_model))

@@ -10,6 +10,7 @@ import torch
 
 from nmt import PAD_ID
 from nmt import model as model_module
+from nmt.cache import INITIAL_ROOM
 from nmt.config import ConfigError, ModelConfig, config_from_dict, load_config
 from nmt.errors import NmtError
 from nmt.model import Transformer, analytic_parameter_count, build_model, model_summary
@@ -268,22 +269,45 @@ def test_flash_model_matches_math_on_cuda():
     torch.testing.assert_close(out[real], ref[real], atol=5e-2, rtol=5e-2)
 
 
-def test_reorder_beams_keeps_the_source_caches_and_matches_reorder():
+def test_beam_rows_share_their_sentence_and_match_one_row_per_sentence():
+    """A state with two beams per sentence (cross K/V once per sentence) gives the logits of a
+    state that repeats every sentence per row, through expansion, beam moves and a drop."""
     model = make_model()
     src, tgt = batch(B=2)
     index = torch.tensor([0, 0, 1, 1])
     with torch.no_grad():
-        states = [model.start_decoding(model.encode(src)) for _ in range(2)]
-        for state in states:
+        rows, beams = (model.start_decoding(model.encode(src)) for _ in range(2))
+        for state in (rows, beams):
             model.decode_step(tgt[:, 0], state)
-            state.reorder(index)  # expand to two beams per sentence
-            model.decode_step(tgt[index, 1], state)
-        cross = states[1].cross_k[0]
-        states[0].reorder(torch.tensor([1, 0, 3, 3]))
-        states[1].reorder_beams(torch.tensor([1, 0, 3, 3]))  # beams move within their sentence
-        assert states[1].cross_k[0] is cross
-        a, b = (model.decode_step(tgt[index, 2], s) for s in states)
-    torch.testing.assert_close(a, b, atol=0, rtol=0)
+        rows.reorder(index)  # one row per "sentence": the source side is repeated too
+        beams.reorder(index, beam=2)  # two beams per sentence: the source side stays
+        assert beams.cross_k[0].size(0) == 2 and rows.cross_k[0].size(0) == 4 and beams.batch_size == 4
+        a, b = (model.decode_step(tgt[index, 1], s) for s in (rows, beams))
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        cross = beams.cross_k[0]
+        rows.reorder(torch.tensor([1, 0, 3, 3]))
+        beams.reorder(torch.tensor([1, 0, 3, 3]))  # beams move within their sentence
+        assert beams.cross_k[0] is cross
+        a, b = (model.decode_step(tgt[index, 2], s) for s in (rows, beams))
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        rows.reorder(torch.tensor([3, 2]))
+        beams.reorder(torch.tensor([3, 2]), sentences=torch.tensor([1]))  # sentence 0 is done
+        a, b = (model.decode_step(tgt[[1, 1], 3], s) for s in (rows, beams))
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert beams.batch_size == 2 and beams.cross_k[0].size(0) == 1
+
+
+def test_cache_grows_and_keeps_what_was_written():
+    """Past the initial room the cache moves to a bigger buffer; decoding still matches teacher forcing."""
+    model = make_model(max_positions=64)
+    src, _ = batch(B=2)
+    tgt = torch.randint(4, TGT_V, (2, INITIAL_ROOM + 5))
+    with torch.no_grad():
+        full = model(src, tgt)
+        state = model.start_decoding(model.encode(src))
+        steps = torch.stack([model.decode_step(tgt[:, t], state) for t in range(tgt.size(1))], dim=1)
+    assert state.self_kv.kv.size(4) > INITIAL_ROOM
+    torch.testing.assert_close(steps, full, atol=1e-4, rtol=1e-4)
 
 
 def test_split_projections_keeps_outputs_and_exposes_linear_layers():

@@ -30,8 +30,8 @@ class ToyState:
         self.src = src  # (R, S)
         self.prefix = torch.zeros(src.size(0), 0, dtype=torch.long)  # (R, t), BOS not included
 
-    def reorder(self, index: torch.Tensor) -> None:
-        self.src = self.src.index_select(0, index)
+    def reorder(self, index: torch.Tensor, sentences: torch.Tensor | None = None, beam: int | None = None) -> None:
+        self.src = self.src.index_select(0, index)  # every row keeps its own source, whatever the beam
         self.prefix = self.prefix.index_select(0, index)
 
 
@@ -340,3 +340,47 @@ def test_beam_step_zero_runs_once_per_sentence():
     hyps = beam_search(model, src, beam=3, max_len_a=1.0, max_len_b=4)
     assert rows_per_step[0] == src.size(0) and rows_per_step[1] == 3 * src.size(0)
     assert all(h for h in hyps)
+
+
+class _UncachedState:
+    """Each row's source and generated prefix; nothing is cached."""
+
+    def __init__(self, src: torch.Tensor):
+        self.src, self.prefix = src, torch.full((src.size(0), 1), BOS_ID)  # (R, S), (R, 1 + t)
+
+    def reorder(self, index: torch.Tensor, sentences: torch.Tensor | None = None, beam: int | None = None) -> None:
+        self.src, self.prefix = self.src.index_select(0, index), self.prefix.index_select(0, index)
+
+
+class Uncached:
+    """The plain path: every step re-runs the teacher-forced `model(src, prefix)` on the whole
+    prefix (full-sequence attention, no KV cache, no shared source rows, no preallocation)."""
+
+    def __init__(self, model):
+        self.model, self.max_positions = model, model.max_positions
+
+    def encode(self, src: torch.Tensor) -> SimpleNamespace:
+        return SimpleNamespace(src=src)
+
+    def start_decoding(self, enc: SimpleNamespace) -> _UncachedState:
+        return _UncachedState(enc.src)
+
+    def decode_step(self, tokens: torch.Tensor, state: _UncachedState) -> torch.Tensor:
+        if state.prefix.size(1) > 1 or bool((tokens != BOS_ID).any()):
+            state.prefix = torch.cat([state.prefix, tokens[:, None]], dim=1)
+        return self.model(state.src, state.prefix)[:, -1].float()  # (R, V)
+
+
+@pytest.mark.parametrize("trained", [False, True])
+def test_cached_search_equals_the_plain_path(trained_transformer, trained):
+    """The fast decoder (preallocated cache, beams sharing their sentence's source, in-place
+    reorders, argmax of logits in greedy) finds exactly what full re-computation finds."""
+    model = trained_transformer if trained else _tiny_transformer(seed=5).eval()
+    src, _, _ = _reverse_batch(12, torch.Generator().manual_seed(3))
+    plain = Uncached(model)
+    assert greedy_search(model, src) == greedy_search(plain, src)
+    for beam, nbest in ((1, 1), (4, 4), (5, 2)):
+        fast, ref = (beam_search(m, src, beam=beam, nbest=nbest, no_repeat_ngram=3) for m in (model, plain))
+        assert [[h.tokens for h in row] for row in fast] == [[h.tokens for h in row] for row in ref]
+        for f_row, r_row in zip(fast, ref, strict=True):
+            assert [h.score for h in f_row] == pytest.approx([h.score for h in r_row], abs=1e-4)

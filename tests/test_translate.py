@@ -111,8 +111,8 @@ class _CopyState:
     def __init__(self, src: torch.Tensor):
         self.src, self.step = src, 0  # (R, S)
 
-    def reorder(self, index: torch.Tensor) -> None:
-        self.src = self.src.index_select(0, index)
+    def reorder(self, index: torch.Tensor, sentences: torch.Tensor | None = None, beam: int | None = None) -> None:
+        self.src = self.src.index_select(0, index)  # every row keeps its own source
 
 
 class CopyModel:

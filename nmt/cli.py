@@ -191,6 +191,24 @@ def average(
 
 @app.command()
 @user_errors
+def export(
+    run: RunOpt = None,
+    checkpoint: CheckpointOpt = None,
+    format_: Annotated[str, typer.Option("--format", help="ctranslate2 (needs nmt[ctranslate2])")] = "ctranslate2",
+    quantization: Annotated[
+        str | None, typer.Option("--quantization", help="int8 | int8_float32 | bfloat16 | float16 (default: float32)")
+    ] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Default: <run>/export/ct2-...")] = None,
+) -> None:
+    """Export a run's model for another inference engine (CTranslate2), with both vocabularies."""
+    from nmt.ct2 import ExportOptions, export_run
+
+    out = export_run(ExportOptions(_run_dir(run), checkpoint, output, quantization, format_))
+    typer.echo(f"wrote {out}")
+
+
+@app.command()
+@user_errors
 def pipeline(
     config: ConfigOpt = None,
     set_: SetOpt = None,

@@ -179,7 +179,8 @@ class MultiHeadAttention(nn.Module):
         fused projection, used by cross-attention from then on (same outputs), so that module-level
         tools such as dynamic quantisation see them. Later changes to `in_proj` are not followed."""
         D, w, b = self.d_model, self.in_proj.weight.detach(), self.in_proj.bias.detach()
-        self.q_proj, self.kv_proj = nn.Linear(D, D, device=w.device), nn.Linear(D, 2 * D, device=w.device)
+        like = {"device": w.device, "dtype": w.dtype}
+        self.q_proj, self.kv_proj = nn.Linear(D, D, **like), nn.Linear(D, 2 * D, **like)
         with torch.no_grad():
             self.q_proj.weight.copy_(w[:D])
             self.q_proj.bias.copy_(b[:D])

@@ -279,9 +279,7 @@ def _finish_eos(
     return _add_finished(fin, new_score, score, new_tokens, step)
 
 
-def _next_beams(
-    top_score: Tensor, top_beam: Tensor, top_tok: Tensor, K: int, k: int
-) -> tuple[Tensor, Tensor, Tensor]:
+def _next_beams(top_score: Tensor, top_beam: Tensor, top_tok: Tensor, K: int, k: int) -> tuple[Tensor, Tensor, Tensor]:
     """The best K non-EOS candidates of each sentence, in rank order.
 
     top_* are (N, 2K), sorted by score, `top_beam` indexing the k beams a sentence had before the

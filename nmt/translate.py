@@ -31,7 +31,7 @@ import torch
 
 from nmt import BOS_ID, EOS_ID, PAD_ID
 from nmt.config import Config, load_config
-from nmt.device import resolve_device, resolve_precision
+from nmt.device import resolve_device
 from nmt.engines import ENGINES, NativeEngine
 from nmt.errors import NmtError
 
@@ -138,7 +138,7 @@ class Translator:
 
             ct2 = CTranslate2Engine.from_checkpoint(run_dir, path, config, dev, precision)
             return cls(None, src_tok, tgt_tok, config, checkpoint=path, engine=ct2)
-        return cls(model, src_tok, tgt_tok, config, dev, resolve_precision(dev, precision), path)
+        return cls(model, src_tok, tgt_tok, config, dev, precision, path)  # the engine resolves 'auto'
 
     @classmethod
     def from_options(cls, opts: InferenceOptions, config: Config | None = None) -> Translator:

@@ -384,3 +384,20 @@ def test_cached_search_equals_the_plain_path(trained_transformer, trained):
         assert [[h.tokens for h in row] for row in fast] == [[h.tokens for h in row] for row in ref]
         for f_row, r_row in zip(fast, ref, strict=True):
             assert [h.score for h in f_row] == pytest.approx([h.score for h in r_row], abs=1e-4)
+
+
+def test_decoding_precisions_on_the_trained_transformer(trained_transformer):
+    """Packed fp32 finds exactly what the plain model finds; bf16 and int8 (weights converted
+    once by the native engine) mostly agree with it and still solve the task."""
+    import copy
+
+    from nmt.device import inference_model
+
+    src, _, _ = _reverse_batch(16, torch.Generator().manual_seed(4))
+    expected = greedy_search(trained_transformer, src)
+    beams = [h[0].tokens for h in beam_search(trained_transformer, src, beam=4)]
+    for precision, least in (("fp32", 16), ("bf16", 13), ("int8", 13)):
+        model = inference_model(copy.deepcopy(trained_transformer), torch.device("cpu"), precision)
+        assert sum(a == b for a, b in zip(greedy_search(model, src), expected, strict=True)) >= least, precision
+        found = [h[0].tokens for h in beam_search(model, src, beam=4)]
+        assert sum(a == b for a, b in zip(found, beams, strict=True)) >= least, precision

@@ -18,6 +18,8 @@ ignored by the caller; outputs at real positions agree between backends.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -37,23 +39,59 @@ def resolve_backend(
 ) -> str:
     """The backend that runs for tensors on `device` in `dtype`: "math", "sdpa" or "flash".
 
-    auto → flash on CUDA with fp16/bf16, else sdpa. An explicit "flash" on a non-CUDA device raises
-    ConfigError. Where the varlen kernel cannot run on CUDA, "flash" and "auto" run sdpa: fp32 (e.g.
-    evaluation without autocast), attention dropout in training (`dropout` > 0; the kernel has none),
-    a head dimension that is not a multiple of 8 or exceeds 256.
+    auto → flash on CUDA with fp16/bf16, sdpa otherwise on CUDA; on a CPU whichever of math and
+    sdpa a timed probe found faster for this dtype and head size (forward + backward when
+    gradients are on: in bf16 training math wins clearly, in fp32 sdpa). An explicit "flash" on a
+    non-CUDA device raises ConfigError (at use: a flash-trained model still loads anywhere).
+    Where the varlen kernel cannot run on CUDA, "flash" and "auto" run sdpa: fp32 (e.g.
+    evaluation without autocast), attention dropout in training (`dropout` > 0; the kernel has
+    none), a head dimension that is not a multiple of 8 or exceeds 256, a torch without a
+    `varlen_attn` whose signature nmt knows (`varlen_kernel`).
     """
     if requested not in BACKENDS:
         raise ConfigError(f"model.attention: unknown backend {requested!r} (use one of {' | '.join(BACKENDS)})")
-    is_cuda = torch.device(device).type == "cuda"
-    if requested == "flash" and not is_cuda:
+    device_type = torch.device(device).type
+    if requested == "flash" and device_type != "cuda":
         raise ConfigError(
             f"model.attention: 'flash' needs a CUDA device, but the model runs on {device} (use auto or sdpa)"
         )
     if requested in ("math", "sdpa"):
         return requested
-    if is_cuda and dtype in _HALF and dropout == 0.0 and head_dim % 8 == 0 and head_dim <= 256:
+    if device_type == "cpu" and requested == "auto":
+        return _cpu_choice(dtype, head_dim, torch.is_grad_enabled())
+    flash_ok = dtype in _HALF and dropout == 0.0 and head_dim % 8 == 0 and head_dim <= 256
+    if device_type == "cuda" and flash_ok and varlen_kernel() is not None:
         return "flash"
     return "sdpa"
+
+
+@functools.cache
+def _cpu_choice(dtype: torch.dtype, head_dim: int, grad: bool) -> str:
+    from nmt.device import probe
+
+    name = f"cpu-attention {str(dtype).removeprefix('torch.')} dk{head_dim} {'train' if grad else 'infer'}"
+    return str(probe(name, lambda: faster_dense_backend(dtype, head_dim, grad)))
+
+
+def faster_dense_backend(
+    dtype: torch.dtype, head_dim: int, grad: bool, shape: tuple[int, int, int] = (16, 4, 32)
+) -> str:
+    """ "math" or "sdpa": the faster on this CPU for a batch `shape` = (B, H, T) of encoder
+    self-attention with key padding, in `dtype`, forward (+ backward when `grad`)."""
+    from nmt.device import best_time
+
+    B, H, T = shape
+    q, k, v = (torch.randn(B, H, T, head_dim, dtype=dtype, requires_grad=grad) for _ in range(3))
+    mask = torch.ones(B, 1, 1, T, dtype=torch.bool)
+    mask[: B // 2, :, :, T - T // 4 :] = False  # some padding, as in a real batch
+
+    def run(kernel: Callable[..., Tensor]) -> None:
+        out = kernel(q, k, v, mask)
+        if grad:
+            out.float().sum().backward()
+
+    times = {name: best_time(lambda f=f: run(f)) for name, f in (("math", math_attention), ("sdpa", sdpa_attention))}
+    return min(times, key=lambda name: times[name])
 
 
 # --------------------------------------------------------------------------- dense backends
@@ -103,10 +141,30 @@ def dense_mask(key_pad: Tensor | None, causal: bool, t_query: int, device: torch
 # --------------------------------------------------------------------------- flash (varlen) backend
 
 
-def _load_varlen() -> Callable[..., Tensor]:
-    from torch.nn.attention.varlen import varlen_attn  # torch >= 2.9, CUDA kernels
-
+def _load_varlen() -> Callable[..., Tensor] | None:
+    """torch's `varlen_attn` (torch >= 2.9), or None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
     return varlen_attn
+
+
+def varlen_kernel() -> Callable[..., Tensor] | None:
+    """`varlen_attn` as f(q, k, v, cu_q, cu_k, max_q, max_k, causal), adapted to the installed
+    torch: causality is `window_size=(-1, 0)` in torch >= 2.11 (checked against 2.13) and
+    `is_causal=True` in torch 2.9-2.10. None without a known signature: flash then runs sdpa."""
+    fn = _load_varlen()
+    if fn is None:
+        return None
+    params = inspect.signature(fn).parameters
+    if "window_size" in params:
+        return lambda q, k, v, cu_q, cu_k, max_q, max_k, causal: fn(
+            q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, 0) if causal else (-1, -1)
+        )
+    if "is_causal" in params:
+        return lambda q, k, v, cu_q, cu_k, max_q, max_k, causal: fn(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=causal)
+    return None
 
 
 def _unpad_index(pad: Tensor) -> tuple[Tensor, Tensor, int]:
@@ -138,8 +196,10 @@ def flash_attention(
     q_packed = q.reshape(B * T, H, dk).index_select(0, q_index).contiguous()  # (Nq, H, dk)
     k_packed = k.reshape(B * S, H, dk).index_select(0, k_index).contiguous()  # (Nk, H, dk)
     v_packed = v.reshape(B * S, H, dk).index_select(0, k_index).contiguous()  # (Nk, H, dk)
-    window = (-1, 0) if causal else (-1, -1)
-    packed = _load_varlen()(q_packed, k_packed, v_packed, cu_q, cu_k, max_q, max_k, window_size=window)
+    kernel = varlen_kernel()
+    if kernel is None:
+        raise RuntimeError("flash attention needs torch.nn.attention.varlen.varlen_attn (torch >= 2.9)")
+    packed = kernel(q_packed, k_packed, v_packed, cu_q, cu_k, max_q, max_k, causal)
     out = q.new_zeros(B * T, H, dk).index_copy(0, q_index, packed.to(q.dtype))  # (B*T, H, dk)
     out = out.view(B, T, H, dk)
     has_keys = (~key_pad).any(dim=1)  # (B,)

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from nmt import PAD_ID
 from nmt.attention import MultiHeadAttention, resolve_backend
 from nmt.cache import DecoderState, KVCache
-from nmt.config import Config, ConfigError, ModelConfig, _cuda_available
+from nmt.config import Config, ModelConfig
 from nmt.errors import NmtError
 from nmt.masks import cross_attention_bias, padding_mask
 
@@ -123,8 +123,6 @@ class Stack(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, src_vocab: int, tgt_vocab: int):
         super().__init__()
-        if cfg.attention == "flash" and not _cuda_available():
-            raise ConfigError("model.attention: 'flash' needs a CUDA device, and none is available (use auto or sdpa)")
         self.cfg, self.src_vocab, self.tgt_vocab = cfg, src_vocab, tgt_vocab
         self.max_positions = cfg.max_positions
         D, pre = cfg.d_model, cfg.norm == "pre"

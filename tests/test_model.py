@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from nmt import PAD_ID
-from nmt import model as model_module
 from nmt.cache import INITIAL_ROOM
 from nmt.config import ConfigError, ModelConfig, config_from_dict, load_config
 from nmt.errors import NmtError
@@ -236,22 +235,36 @@ def test_model_summary_names_backend():
     assert "encoder" in text and "decoder" in text and "embeddings" in text
 
 
-def test_flash_without_cuda_raises_config_error(monkeypatch, tiny_config):
-    monkeypatch.setenv("NMT_ASSUME_NO_CUDA", "1")
-    with pytest.raises(ConfigError, match="model.attention"):
-        config_from_dict({"model": {"attention": "flash"}})
-    flash_cfg = dataclasses.replace(tiny_config, model=dataclasses.replace(tiny_config.model, attention="flash"))
-    with pytest.raises(ConfigError, match="model.attention"):
-        build_model(flash_cfg, 400, 400)
-
-
-def test_flash_model_run_on_cpu_raises_config_error(monkeypatch, tiny_config):
-    monkeypatch.setattr(model_module, "_cuda_available", lambda: True)  # built as if a GPU were present
+def test_flash_config_loads_and_builds_without_cuda_and_fails_only_when_run(monkeypatch, tiny_config):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert config_from_dict({"model": {"attention": "flash"}}).model.attention == "flash"  # no host check at load
     flash_cfg = dataclasses.replace(tiny_config, model=dataclasses.replace(tiny_config.model, attention="flash"))
     model = build_model(flash_cfg, 400, 400)
     src, tgt = torch.randint(4, 400, (1, 4)), torch.randint(4, 400, (1, 3))
     with pytest.raises(ConfigError, match="model.attention"):
         model(src, tgt)
+
+
+def test_a_run_trained_with_flash_loads_decodes_and_averages_on_cpu(tmp_path, monkeypatch, tiny_config):
+    """Train on a GPU (a checkpoint whose stored config says flash), decode and average on a CPU."""
+    from nmt import checkpoint as ckpt
+    from nmt.engines import NativeEngine, pad_sources
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    flash_cfg = dataclasses.replace(tiny_config, model=dataclasses.replace(tiny_config.model, attention="flash"))
+    trained = build_model(flash_cfg, 60, 60)
+    paths = [ckpt.save_checkpoint(tmp_path, step, trained, {}, flash_cfg, keep_last=5) for step in (1, 2)]
+    averaged = ckpt.average_checkpoints(paths, tmp_path / "averaged.safetensors")
+    for path in [*paths, averaged]:
+        state, stored = ckpt.load_weights(path)
+        assert stored.model.attention == "flash"
+        stored.model.attention = "auto"  # what Translator.from_run does off CUDA
+        model = build_model(stored, 60, 60)
+        model.load_state_dict(state)
+        engine = NativeEngine(model, stored.decode, torch.device("cpu"), "fp32")
+        found = engine.search([[5, 6, 7], [8]], beam=2, nbest=1, len_penalty=1.0, greedy=False)
+        assert len(found) == 2 and all(len(row) == 1 for row in found)
+    assert pad_sources([[5]]).shape == (1, 2)
 
 
 @pytest.mark.cuda

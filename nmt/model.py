@@ -34,6 +34,10 @@ class EncoderOut:
 # --------------------------------------------------------------------------- building blocks
 
 
+def _identity(x: Tensor) -> Tensor:
+    return x
+
+
 def sinusoidal_table(max_positions: int, d_model: int) -> Tensor:
     """(P, D): sin(p / 10000^(2i/D)) at even dims 2i, cos at odd dims 2i+1 (Vaswani et al., 3.5)."""
     position = torch.arange(max_positions, dtype=torch.float32)[:, None]  # (P, 1)
@@ -66,9 +70,10 @@ class Sublayer(nn.Module):
         self.pre_norm = pre_norm
 
     def forward(self, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
+        drop = self.dropout if self.training else _identity  # no module call per step when decoding
         if self.pre_norm:
-            return x + self.dropout(fn(self.norm(x)))
-        return self.norm(x + self.dropout(fn(x)))
+            return x + drop(fn(self.norm(x)))
+        return self.norm(x + drop(fn(x)))
 
 
 class EncoderLayer(nn.Module):
@@ -170,7 +175,8 @@ class Transformer(nn.Module):
         x = table(tokens) * self.embed_scale  # (B, L, D)
         table_pos = self.sinusoids if positions is None else positions.weight  # (P, D)
         pos = table_pos[start : start + L].to(x.dtype)  # (L, D)
-        return self.dropout(x + pos[None])
+        x = x + pos[None]
+        return self.dropout(x) if self.training else x
 
     def _logits(self, h: Tensor) -> Tensor:
         """(B, T, D) decoder output → (B, T, V)."""

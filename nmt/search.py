@@ -27,7 +27,9 @@ With that criterion `beam=1` yields exactly the greedy output.
 
 Every step is vectorised over the whole batch (sentences × beams in one tensor); the only
 per-sentence Python work is collecting a sentence's results once, when it is done. Sentences
-that are done are dropped from the batch (`state.reorder`), so they stop costing compute.
+that are done are dropped from the batch (`state.reorder`), so they stop costing compute;
+greedy search drops its ended rows in groups (once they are a quarter of the batch), since a
+drop copies the caches and an ended row costs only its share of the step.
 Beam search runs step 0 once per sentence (all beams start from BOS) and expands to
 sentences × beams with the first reorder; steps that only move beams leave the source side of
 the state alone. Greedy search takes the argmax of the logits (log-softmax does not change it).
@@ -46,6 +48,7 @@ from nmt import BOS_ID, EOS_ID, PAD_ID
 
 NEG_INF = float("-inf")
 _NEVER = torch.tensor([PAD_ID, BOS_ID])  # ids that are never generated
+COMPACT_AT = 4  # greedy: rows that ended leave the batch once they are 1/COMPACT_AT of it
 
 
 @dataclass
@@ -130,19 +133,21 @@ def greedy_search(
     earliest = int(max_len.min().item()) if B else 0
     out = torch.full((B, steps), PAD_ID, dtype=torch.long, device=src.device)  # (B, T)
     state = model.start_decoding(model.encode(src))
-    rows = torch.arange(B, device=src.device)  # original index of each live row
+    rows = torch.arange(B, device=src.device)  # original index of each row still decoded
     tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=src.device)  # (R,)
+    ended = torch.zeros(B, dtype=torch.bool, device=src.device)  # (R,): has emitted EOS
     for t in range(steps):
         logits = constrain(model.decode_step(tokens, state), t, min_len, max_len[rows], earliest)  # (R, V)
         tokens = logits.argmax(dim=-1)  # (R,): the argmax of the log-probs too
-        out[rows, t] = tokens
-        live = tokens != EOS_ID  # (R,)
-        if not bool(live.all()):
-            if not bool(live.any()):
-                break
-            keep = live.nonzero().squeeze(1)
+        out[rows, t] = tokens  # what an ended row writes after its EOS is cut by _strip
+        ended |= tokens == EOS_ID
+        n_ended = int(ended.sum())
+        if n_ended == ended.numel():
+            break
+        if n_ended * COMPACT_AT >= ended.numel():  # drop ended rows once they are a quarter of the batch:
+            keep = (~ended).nonzero().squeeze(1)  # fewer cache copies than dropping at every EOS
             state.reorder(keep)
-            rows, tokens = rows[keep], tokens[keep]
+            rows, tokens, ended = rows[keep], tokens[keep], ended[keep]
     return [_strip(seq) for seq in out.tolist()]
 
 

@@ -133,7 +133,7 @@ def test_fastest_precision_really_times_the_three(probe_dir):
 
 def test_int8_quantises_every_linear_layer_and_packing_keeps_outputs():
     from nmt.config import ModelConfig
-    from nmt.device import PackedLinear, inference_model, packing_works
+    from nmt.device import Int8Linear, PackedLinear, inference_model, packing_works
     from nmt.model import Transformer
 
     cfg = ModelConfig(d_model=32, heads=2, encoder_layers=1, decoder_layers=1, ffn_dim=64, dropout=0.0)
@@ -143,7 +143,7 @@ def test_int8_quantises_every_linear_layer_and_packing_keeps_outputs():
         expected = ref(src, tgt)
         int8 = inference_model(copy.deepcopy(ref), torch.device("cpu"), "int8")
         assert not any(type(m) is torch.nn.Linear for m in int8.modules())
-        assert type(int8.logits_proj).__name__ == "Linear" and int8.logits_proj is not None  # the tied projection
+        assert isinstance(int8.logits_proj, Int8Linear)  # the tied projection too
         torch.testing.assert_close(int8(src, tgt), expected, atol=0.2, rtol=0.1)
         packed = inference_model(copy.deepcopy(ref), torch.device("cpu"), "fp32")
         if packing_works():

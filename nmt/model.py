@@ -292,7 +292,7 @@ def model_summary(model: Transformer) -> str:
     elif param.device.type == "meta":
         backend = cfg.attention
     else:
-        backend = resolve_backend(cfg.attention, param.device, param.dtype)
+        backend = resolve_backend(cfg.attention, param.device, param.dtype, head_dim=cfg.d_model // cfg.heads)
     return (
         f"Transformer {cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model {cfg.d_model}, "
         f"{cfg.heads} heads, FFN {cfg.ffn_dim}, {cfg.norm}-norm, {cfg.activation}, {cfg.positions} positions, "

@@ -23,6 +23,7 @@ choice is stable across processes on one machine (a resumed training picks the s
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -88,6 +89,7 @@ def best_time(fn: Callable[[], object], repeats: int = 5, inner: int = 3) -> flo
     return best
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_model() -> str:
     """The CPU's model name ('AMD EPYC 9454 48-Core Processor'), else the machine type."""
     try:

@@ -31,7 +31,7 @@ import torch
 
 from nmt import BOS_ID, EOS_ID, PAD_ID
 from nmt.config import Config, load_config
-from nmt.device import resolve_device, resolve_precision
+from nmt.device import resolve_device
 from nmt.engines import ENGINES, NativeEngine
 from nmt.errors import NmtError
 
@@ -135,7 +135,7 @@ class Translator:
             translator = cls(None, src_tok, tgt_tok, config, checkpoint=path, engine=ct2)
         else:
             model = _load_model(config, state, src_tok.vocab_size, tgt_tok.vocab_size, path)
-            translator = cls(model, src_tok, tgt_tok, config, dev, resolve_precision(dev, precision), path)
+            translator = cls(model, src_tok, tgt_tok, config, dev, precision, path)  # the engine resolves 'auto'
         print(describe_checkpoint(path, choice.reason if choice else "named explicitly"), file=sys.stderr)
         return translator
 

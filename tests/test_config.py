@@ -79,10 +79,10 @@ def test_negative_dropout(tmp_path):
         load_config(write(tmp_path, "model:\n  dropout: -0.1\n"))
 
 
-def test_flash_without_cuda_is_config_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("NMT_ASSUME_NO_CUDA", "1")
-    with pytest.raises(ConfigError, match=r"model\.attention: 'flash' needs a CUDA device"):
-        load_config(write(tmp_path, "model:\n  attention: flash\n"))
+def test_flash_config_loads_without_cuda(tmp_path, monkeypatch):
+    """Host-dependent needs are checked where the model runs (a GPU-trained run loads anywhere)."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert load_config(write(tmp_path, "model:\n  attention: flash\n")).model.attention == "flash"
 
 
 def test_overrides(tmp_path):

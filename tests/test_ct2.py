@@ -82,12 +82,11 @@ def test_nbest_lists_and_scores_match(trained_run):
 
 def test_length_limit_matches_native(trained_run):
     """At max_len nmt closes beams with a forced EOS; the engine rescores CTranslate2's cut hypotheses."""
-    from nmt.engines import NativeEngine
-
     native = Translator.from_run(trained_run, precision="fp32")
     fast = Translator.from_run(trained_run, precision="fp32", engine="ctranslate2")
     short = DecodeConfig(max_len_a=0.5, max_len_b=1)  # far too short for these sentences
-    ref_engine = NativeEngine(native.model, short, torch.device("cpu"), "fp32")
+    ref_engine = native.engine
+    ref_engine.decode = short
     fast.engine.decode = short
     seqs = native.encode_sources(_lines(trained_run, "valid.zh")[:30])
     assert [h[0][0] for h in ref_engine.search(seqs, 1, 1, 1.0, True)] == [

@@ -294,7 +294,7 @@ def test_a_run_trained_with_flash_translates_and_averages_on_cpu(tiny_run_dir, t
     model.load_state_dict(state)  # a flash model builds anywhere; only running it needs CUDA
     for step in (1, 2):
         ckpt.save_checkpoint(run / "checkpoints", step, model, {}, config, keep_last=5)
-    averaged = ckpt.average_last(run, 2)
+    averaged = ckpt.average_last(run, 2).path
     assert ckpt.load_weights(averaged)[1].model.attention == "flash"
     t = Translator.from_run(run, checkpoint=averaged, device="cpu", precision="fp32")
     reference = Translator.from_run(tiny_run_dir, device="cpu", precision="fp32")

@@ -79,9 +79,10 @@ def _whole_batches(base: type) -> type:
 
         def search(self, seqs, beam, nbest, len_penalty, greedy):  # noqa: ANN001, ANN202
             limits = [self.max_len(len(s)) for s in seqs]
-            results = self._translate(seqs, max(limits), beam, nbest, len_penalty, greedy)
+            sources = [[self.src_pieces[t] for t in s] for s in seqs]
+            results = self._translate(sources, max(limits), beam, len_penalty, greedy)
             return [
-                [(self._ids(h, limit), float("nan")) for h in r.hypotheses]
+                [(self._ids(h)[:limit], float("nan")) for h in r.hypotheses]
                 for r, limit in zip(results, limits, strict=True)
             ]
 

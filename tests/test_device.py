@@ -153,3 +153,23 @@ def test_int8_quantises_every_linear_layer_and_packing_keeps_outputs():
         bf16 = inference_model(copy.deepcopy(ref), torch.device("cpu"), "bf16")
         assert bf16.decoder.layers[0].cross_attn.q_proj is not None
         torch.testing.assert_close(bf16(src, tgt).float(), expected, atol=0.1, rtol=0.1)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_packing_fuses_relu_into_fc1_with_identical_outputs(activation):
+    from nmt.device import PackedLinear, pack_linears, packing_works
+    from nmt.model import FeedForward
+
+    if not packing_works():
+        pytest.skip("this torch build has no oneDNN pre-packed linear")
+    torch.manual_seed(0)
+    ffn = FeedForward(32, 64, activation).eval()
+    x = torch.randn(7, 1, 32)
+    with torch.no_grad():
+        ffn.fc2 = PackedLinear(ffn.fc2)
+        plain = ffn.fc2(ffn.act(PackedLinear(ffn.fc1)(x)))  # packed, ReLU applied separately
+        fused = pack_linears(ffn)
+        assert (fused.fc1.post_op == "relu") == (activation == "relu")
+        unfused = {"relu": torch.nn.functional.relu, "gelu": torch.nn.functional.gelu}[activation]
+        assert (fused.act is unfused) == (activation == "gelu")  # ReLU left the Python path
+        torch.testing.assert_close(fused(x), plain, atol=0, rtol=0)

@@ -8,6 +8,7 @@ on one page) and one `<out>/<tag>.png` per recorded scalar (`train_loss.png`, `v
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,8 @@ def _pyplot() -> Any:
 
 
 def _save(fig: Any, path: Path) -> Path:
-    with atomic_path(path) as tmp:
+    with atomic_path(path) as tmp, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Glyph .* missing")  # no CJK font installed: boxes
         fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     _pyplot().close(fig)
     return path

@@ -106,9 +106,15 @@ def parse(model: type[BaseModel], data: Any) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise ApiError(422, f"{where}: {first['msg']}") from None
+        errors = [(_where(err["loc"]), err["msg"]) for err in e.errors()]
+        where = max((w for w, _ in errors), key=len)  # the most specific place, e.g. "text.2"
+        msgs = dict.fromkeys(m for w, m in errors if w == where)  # the alternatives of a union, once each
+        raise ApiError(422, f"{where}: {' | '.join(msgs)}") from None
+
+
+def _where(loc: tuple) -> str:
+    """'text.2' from pydantic's ('text', 'list[str]', 2): the top-level key and indices, no union branches."""
+    return ".".join(str(p) for p in loc[:1] + tuple(p for p in loc[1:] if isinstance(p, int))) or "body"
 
 
 def body_schema(model: type[BaseModel]) -> dict:

@@ -15,8 +15,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from nmt.config import load_config
     from conftest import ROOT
+
+    from nmt.config import load_config
 
     config = load_config(ROOT / "configs" / "tiny.yaml", ["model.decoder_layers=2", "model.heads=4"])
     torch.manual_seed(1)

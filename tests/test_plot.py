@@ -88,7 +88,9 @@ def test_translate_attention_writes_a_heatmap_per_sentence(run, tmp_path):
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     args = ["translate", "--run", str(run), "--precision", "fp32", "--input", str(src)]
     plain = CliRunner().invoke(app, [*args, "--output", str(tmp_path / "plain.en")])
-    result = CliRunner().invoke(app, [*args, "--output", str(tmp_path / "att.en"), "--attention", str(tmp_path / "maps")])
+    result = CliRunner().invoke(
+        app, [*args, "--output", str(tmp_path / "att.en"), "--attention", str(tmp_path / "maps")]
+    )
     assert plain.exit_code == 0 and result.exit_code == 0, result.output
     assert (tmp_path / "att.en").read_text(encoding="utf-8") == (tmp_path / "plain.en").read_text(encoding="utf-8")
     assert sorted(p.name for p in (tmp_path / "maps").iterdir()) == ["1.png", "3.png"]  # line 2 is blank

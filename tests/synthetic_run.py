@@ -4,12 +4,13 @@ attention-map and browser tests.
 The corpus is word-for-word: random sequences of a few Chinese words and their English
 glosses. `make_run` writes it as `<run>/corpus/*`, then runs the real `build_vocab`, `train`
 (tiny.yaml, a few dozen steps: train.log and TensorBoard scalars are real) and `evaluate_run`
-(`<run>/eval/test.json`).
+(`<run>/eval/test.json`). `final.safetensors` is the last step checkpoint.
 """
 
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 
 from nmt.config import load_config, save_config
@@ -68,6 +69,8 @@ def make_run(root: Path) -> Path:
     save_config(config, run / "config.yaml")
     build_vocab(config, run)
     train(config, run)
+    latest = max((run / "checkpoints").glob("step_*.safetensors"), key=lambda p: int(p.stem.split("_")[1]))
+    shutil.copyfile(latest, run / "checkpoints" / "final.safetensors")  # as the pipeline's final model
     evaluate_run(config, run, EvalJob(split="test"), InferenceOptions(run_dir=run, precision="fp32"), quiet=True)
     return run
 

@@ -3,7 +3,6 @@ Translator, batch invariance through the server, and a real server process (disc
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import signal
@@ -19,6 +18,7 @@ import pytest
 
 pytest.importorskip("fastapi", reason="nmt serve needs the serve extra (fastapi, uvicorn)")
 from fastapi.testclient import TestClient  # noqa: E402
+from serving import request, start_server, stop  # noqa: E402
 
 from nmt.batcher import BatchLimits  # noqa: E402
 from nmt.serve import ServeLimits, Service, create_app  # noqa: E402
@@ -85,7 +85,7 @@ def test_translations_equal_the_translator_with_the_same_settings(client, transl
         assert body["settings"]["beam"] == beam and body["settings"]["engine"] == "native"
     status, body = post(client, "/translate", {"text": SENTENCES[0]})
     assert status == 200 and body["translations"][0]["text"] == translator.translate(SENTENCES[:1])[0]
-    assert body["model"] == "run/best.safetensors" and body["seconds"] >= 0
+    assert body["model"] == "run/final.safetensors" and body["seconds"] >= 0
 
 
 def test_nbest_returns_scored_hypotheses_equal_to_translate_nbest(client, translator):
@@ -194,44 +194,6 @@ def test_a_model_error_fails_only_its_own_request(client, monkeypatch):
 
 
 # --------------------------------------------------------------------------- a real server process
-
-
-def start_server(run: Path, *args: str) -> tuple[subprocess.Popen, int]:
-    """`nmt serve --port 0` in a subprocess; returns it and its port once /health answers."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "nmt", "serve", "--run", str(run), "--port", "0", "--precision", "fp32", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    line = proc.stdout.readline()
-    if "http://127.0.0.1:" not in line:
-        proc.kill()
-        raise AssertionError(f"server did not start: {line}{proc.stdout.read()}")
-    port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
-    for _ in range(200):
-        try:
-            if request(port, "GET", "/health")[0] == 200:
-                return proc, port
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("server never became healthy")
-
-
-def request(port: int, method: str, path: str, body: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        data = None if body is None else json.dumps(body).encode()
-        conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        conn.close()
-
-
-def stop(proc: subprocess.Popen) -> str:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
-    return out
 
 
 def test_real_server_survives_disconnects_and_finishes_in_flight_work_on_sigterm(run, translator):

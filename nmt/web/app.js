@@ -95,7 +95,7 @@ function drawHeatmap(canvas, map) {
   const left = 16 + Math.max(...map.target.map((p) => ctx.measureText(p).width));
   const top = 16 + Math.max(...map.source.map((p) => ctx.measureText(p).width)) * 0.75;
   const ratio = window.devicePixelRatio || 1;
-  const width = left + cell * map.source.length + 8, height = top + cell * map.target.length + 8;
+  const width = left + cell * map.source.length + top, height = top + cell * map.target.length + 8;
   canvas.width = width * ratio;
   canvas.height = height * ratio;
   canvas.style.width = `${width}px`;

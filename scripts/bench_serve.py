@@ -1,0 +1,187 @@
+#!/usr/bin/env python
+"""Load test of `nmt serve` against offline batch decoding of the same sentences, in one run.
+
+1. Offline ceiling: this process loads the run's model with the same settings and translates
+   all sentences in one `Translator.translate` call (length-sorted batches of decode.batch_size).
+2. A real server (`python -m nmt serve --port 0`) on 127.0.0.1, loaded with the same settings.
+3. For each concurrency C: C client threads, one sentence per request, pull the sentences from
+   a shared list until it is used up or `--max-seconds` have passed. Reported: sentences/s
+   (answered / wall time), latency percentiles, errors (non-200 answers or answers that differ
+   from the offline translation), and the server's throughput as a share of the ceiling.
+
+    python scripts/bench_serve.py /work/runs/small
+    python scripts/bench_serve.py runs/small --sentences 512 --concurrency 1,8,32 --beam 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from nmt.evaluate import read_lines  # noqa: E402
+from nmt.translate import InferenceOptions, Translator  # noqa: E402
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", type=Path, help="a trained run directory")
+    p.add_argument("--input", type=Path, default=None, help="sentences (default: <run>/corpus/test.zh)")
+    p.add_argument("--sentences", type=int, default=256, help="seeded sample of the input")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--concurrency", default="1,8,32")
+    p.add_argument("--max-seconds", type=float, default=120.0, help="per concurrency level")
+    p.add_argument("--beam", type=int, default=None, help="default: decode.beam of the run")
+    p.add_argument("--precision", default="auto")
+    p.add_argument("--batch-wait-ms", type=float, default=5.0)
+    p.add_argument("--max-batch", type=int, default=64)
+    return p.parse_args()
+
+
+@dataclass
+class Level:
+    clients: int
+    latencies: list[float] = field(default_factory=list)  # seconds per answered request
+    errors: int = 0  # non-200 or an answer that differs from the offline one
+    sent: int = 0
+    seconds: float = 0.0
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
+    cmd = [sys.executable, "-m", "nmt", "serve", "--run", str(args.run), "--port", "0", "--precision", args.precision,
+           "--batch-wait-ms", str(args.batch_wait_ms), "--max-batch", str(args.max_batch)]  # fmt: skip
+    if args.beam:
+        cmd += ["--beam", str(args.beam)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    line = proc.stdout.readline()
+    if "http://127.0.0.1:" not in line:
+        proc.kill()
+        sys.exit(f"server did not start: {line}")
+    port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+    for _ in range(600):
+        try:
+            if post(port, "/health", None)[0] == 200:
+                return proc, port
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    sys.exit("server never became healthy")
+
+
+def post(port: int, path: str, body: dict | None) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        if body is None:
+            conn.request("GET", path)
+        else:
+            conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        return r.status, json.loads(r.read())
+    finally:
+        conn.close()
+
+
+def load_level(port: int, sentences: list[str], expected: list[str], clients: int, max_seconds: float) -> Level:
+    level, lock, cursor = Level(clients), threading.Lock(), iter(range(len(sentences)))
+    deadline = time.perf_counter() + max_seconds
+
+    def client() -> None:
+        while time.perf_counter() < deadline:
+            with lock:
+                i = next(cursor, None)
+                if i is None:
+                    return
+                level.sent += 1
+            start = time.perf_counter()
+            try:
+                status, body = post(port, "/translate", {"text": sentences[i]})
+                ok = status == 200 and body["translations"][0]["text"] == expected[i]
+            except (OSError, ValueError, KeyError):
+                ok = False
+            with lock:
+                level.latencies.append(time.perf_counter() - start)
+                level.errors += not ok
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    level.seconds = time.perf_counter() - start
+    return level
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+def main() -> None:
+    args = parse_args()
+    lines = read_lines(args.input or args.run / "corpus" / "test.zh")
+    lines = [s for s in lines if s.strip()]
+    sentences = random.Random(args.seed).sample(lines, min(args.sentences, len(lines)))
+    translator = Translator.from_options(InferenceOptions(run_dir=args.run, precision=args.precision, beam=args.beam))
+    translator.translate(sentences[:8], beam=args.beam)  # warm-up
+    start = time.perf_counter()
+    expected = translator.translate(sentences, beam=args.beam)
+    offline = len(sentences) / (time.perf_counter() - start)
+    beam = args.beam or translator.config.decode.beam
+    settings = f"beam {beam}, {translator.engine.name} {translator.precision} on {translator.device}"
+    del translator
+
+    proc, port = start_server(args)
+    try:
+        post(port, "/translate", {"text": sentences[:8]})  # warm-up
+        levels = [
+            load_level(port, sentences, expected, int(c), args.max_seconds) for c in args.concurrency.split(",")
+        ]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+    print(f"# nmt serve load test, {time.strftime('%Y-%m-%d')}: {args.run} ({settings})")
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} logical cores); {len(sentences)} sentences, one per request")
+    print(f"command: python scripts/bench_serve.py {' '.join(sys.argv[1:])}\n")
+    print("| clients | answered | errors | sentences/s | % of offline | p50 ms | p95 ms | p99 ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| offline batch | {len(sentences)} | – | {offline:.1f} | 100% | – | – | – |")
+    for lv in levels:
+        rate = len(lv.latencies) / lv.seconds
+        ms = [1000 * percentile(lv.latencies, q) for q in (50, 95, 99)]
+        print(
+            f"| {lv.clients} | {len(lv.latencies)}/{lv.sent} | {lv.errors} | {rate:.1f} | {100 * rate / offline:.0f}% | "
+            + " | ".join(f"{m:.0f}" for m in ms)
+            + " |"
+        )
+    lost = sum(lv.sent - len(lv.latencies) + lv.errors for lv in levels)
+    sys.exit(1 if lost else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -333,16 +333,20 @@ def serve(opts: Any, server: ServeOptions) -> None:
     from nmt.translate import Translator
 
     _, run_dir = resolve_run(None, str(opts.run_dir) if opts.run_dir is not None else None)
-    translator = Translator.from_options(opts)
-    service = Service(translator, run_dir, server.limits, opts.beam)
     sock = socket.socket(socket.AF_INET6 if ":" in server.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((server.host, server.port))
+        sock.bind((server.host, server.port))  # bound (a busy port fails fast), listening only once loaded
     except OSError as e:
         sock.close()
         raise NmtError(f"--host {server.host} --port {server.port}: cannot listen there ({e.strerror})") from None
     port = sock.getsockname()[1]
+    try:
+        service = Service(Translator.from_options(opts), run_dir, server.limits, opts.beam)
+    except BaseException:
+        sock.close()
+        raise
+    translator = service.translator
     config = uvicorn.Config(create_app(service), log_level=server.log_level, timeout_graceful_shutdown=None)
     print(
         f"nmt serve: {service.model_name} ({translator.engine.name}, {translator.precision}, {translator.device}) "

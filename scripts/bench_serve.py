@@ -158,9 +158,7 @@ def main() -> None:
     proc, port = start_server(args)
     try:
         post(port, "/translate", {"text": sentences[:8]})  # warm-up
-        levels = [
-            load_level(port, sentences, expected, int(c), args.max_seconds) for c in args.concurrency.split(",")
-        ]
+        levels = [load_level(port, sentences, expected, int(c), args.max_seconds) for c in args.concurrency.split(",")]
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -174,11 +172,8 @@ def main() -> None:
     for lv in levels:
         rate = len(lv.latencies) / lv.seconds
         ms = [1000 * percentile(lv.latencies, q) for q in (50, 95, 99)]
-        print(
-            f"| {lv.clients} | {len(lv.latencies)}/{lv.sent} | {lv.errors} | {rate:.1f} | {100 * rate / offline:.0f}% | "
-            + " | ".join(f"{m:.0f}" for m in ms)
-            + " |"
-        )
+        cells = [lv.clients, f"{len(lv.latencies)}/{lv.sent}", lv.errors, f"{rate:.1f}", f"{100 * rate / offline:.0f}%"]
+        print("| " + " | ".join(str(c) for c in cells + [f"{m:.0f}" for m in ms]) + " |")
     lost = sum(lv.sent - len(lv.latencies) + lv.errors for lv in levels)
     sys.exit(1 if lost else 0)
 

@@ -100,3 +100,17 @@ def synthetic_run(tmp_path_factory):
     from synthetic_run import shared_run
 
     return shared_run(tmp_path_factory)
+
+
+def test_maps_of_a_dynamically_quantised_model_match_the_float_model(model):
+    """int8 dynamic quantisation swaps nn.Linear for modules whose weight() is a method: still readable."""
+    import copy
+
+    prepared = copy.deepcopy(model)
+    prepared.split_projections()  # what the int8 path does before quantising (nmt/model.py)
+    quantised = torch.ao.quantization.quantize_dynamic(prepared, {nn.Linear}, dtype=torch.qint8)
+    assert callable(cross_attention_modules(quantised)[0].in_proj.weight)
+    float_map, int8_map = cross_attention(model, SRC, TGT), cross_attention(quantised, SRC, TGT)
+    assert int8_map.shape == float_map.shape
+    assert torch.allclose(int8_map.sum(-1), torch.ones_like(int8_map.sum(-1)), atol=1e-5)
+    assert (int8_map - float_map).abs().max() < 0.05

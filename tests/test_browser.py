@@ -93,4 +93,3 @@ def test_bad_input_shows_the_servers_error(server, page):
     page.fill("#source", "我" * 2100)  # over the server's --max-chars (2000)
     page.click("#go")
     sync_api.expect(page.locator("#error")).to_contain_text("the limit is 2000")
-

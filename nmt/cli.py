@@ -149,6 +149,9 @@ def translate(
     if attention is not None:
         from nmt.plot import translate_with_attention
 
+        if nbest > 1:
+            raise NmtError("--attention draws the best translation of each line; drop --nbest")
+
         n = translate_with_attention(opts, _read_lines(texts, input), attention, output)
         typer.echo(f"wrote {n} heatmaps to {attention}", err=True)
         return

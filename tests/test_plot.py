@@ -96,3 +96,12 @@ def test_translate_attention_writes_a_heatmap_per_sentence(run, tmp_path):
     assert sorted(p.name for p in (tmp_path / "maps").iterdir()) == ["1.png", "3.png"]  # line 2 is blank
     assert all((tmp_path / "maps" / n).read_bytes().startswith(PNG) for n in ("1.png", "3.png"))
     assert "wrote 2 heatmaps" in result.output
+
+
+def test_translate_attention_reads_stdin_and_refuses_nbest(run, tmp_path):
+    args = ["translate", "--run", str(run), "--precision", "fp32", "--attention", str(tmp_path / "maps")]
+    result = CliRunner().invoke(app, args, input="我爱猫。\n".encode() + b"\xff\n")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "maps").iterdir()) == ["1.png", "2.png"]  # invalid UTF-8 → U+FFFD
+    refused = CliRunner().invoke(app, [*args, "--nbest", "2", "我爱猫。"])
+    assert refused.exit_code == 1 and "drop --nbest" in refused.output

@@ -111,7 +111,12 @@ class Batcher:
             jobs = [j for j in jobs if not j.future.done()]  # callers that gave up
             jobs.sort(key=lambda j: repr(j.settings))
             for _, group in itertools.groupby(jobs, key=lambda j: j.settings):
-                await self._decode_group(list(group))
+                members = list(group)
+                try:
+                    await self._decode_group(members)
+                except Exception as e:  # never let the worker die: every waiting request must get an answer
+                    for job in members:
+                        _settle(job.future, error=e)
 
     async def _gather(self, first: _Job) -> tuple[list[_Job], bool]:
         """`first` plus what arrives within max_wait_ms, up to max_batch sentences; True if asked to stop."""

@@ -133,3 +133,20 @@ def test_close_finishes_queued_requests():
 def test_translate_before_start_is_an_error():
     with pytest.raises(RuntimeError, match="start"):
         run(Batcher(FakeModel(), BatchLimits()).translate(["x"], Decoding(beam=1)))
+
+
+def test_a_decode_that_returns_the_wrong_count_is_an_error_and_the_worker_lives_on():
+    calls = []
+
+    def short(lines, settings):
+        calls.append(lines)
+        return [[("x", None)]] * (len(lines) - 1 if lines[0] == "bad" else len(lines))
+
+    async def body(b):
+        bad = await asyncio.gather(b.translate(["bad", "y"], Decoding(beam=1)), return_exceptions=True)
+        good = await b.translate(["fine"], Decoding(beam=1))
+        return bad[0], good
+
+    bad, good = run(_with_batcher(short, BatchLimits(max_wait_ms=1), body))
+    assert isinstance(bad, RuntimeError) and "1 results for 2 lines" in str(bad)
+    assert good == [[("x", None)]]

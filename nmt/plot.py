@@ -76,7 +76,7 @@ def plot_attention(amap: AttentionMap, path: Path, title: str = "") -> Path:
     rows, cols = len(amap.target), len(amap.source)
     fig, ax = plt.subplots(figsize=(max(4.0, 0.45 * cols + 2), max(3.0, 0.35 * rows + 1.5)))
     image = ax.imshow(amap.weights, cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
-    ax.set_xticks(range(cols), amap.source, rotation=60, ha="right", fontsize=8, fontfamily=_cjk_font())
+    ax.set_xticks(range(cols), amap.source, rotation=60, ha="right", fontsize=10, fontfamily=_cjk_font())
     ax.set_yticks(range(rows), amap.target, fontsize=8)
     ax.set_xlabel("source pieces")
     ax.set_ylabel("target pieces")

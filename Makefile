@@ -29,8 +29,9 @@ format: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# The local mirror is used when its directory exists; otherwise the corpus comes from the hub.
 demo: setup
-	NMT_MIRROR=$(MIRROR) $(BIN)/nmt pipeline --config $(CONFIG)
+	$(if $(wildcard $(MIRROR)),NMT_MIRROR=$(MIRROR) )$(BIN)/nmt pipeline --config $(CONFIG)
 	$(BIN)/nmt translate "我爱 AI" "你好，世界。" "我明天要去北京。"
 	@echo "Try it in a browser: $(BIN)/nmt serve   (then open http://127.0.0.1:8080/; API docs at /docs)"
 

@@ -21,10 +21,8 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from synthetic_run import shared_run
-
-    proc, port = start_server(shared_run(tmp_path_factory))
+def server(tiny_run):
+    proc, port = start_server(tiny_run)
     yield port
     stop(proc)
 
@@ -54,7 +52,7 @@ def _canvas_ink(page) -> dict:
 
 
 def test_translate_read_heatmap_and_run_view_in_a_real_browser(server, page):
-    lines = ["我爱猫。", "他喝水。"]
+    lines = ["他们买了七只红色的猫。", "这本书二十五元。"]
     page.goto(f"http://127.0.0.1:{server}/")
     sync_api.expect(page.locator("#model")).to_contain_text("final.safetensors")
     page.fill("#source", "\n".join(lines))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -19,32 +18,32 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    from synthetic_run import shared_run
-
-    return shared_run(tmp_path_factory)
+def run(tiny_run) -> Path:
+    return tiny_run
 
 
-def _log_series(run: Path, prefix: str, key: str) -> dict[int, float]:
-    """What train.log printed for `key` on its `step N |` (or `valid step N |`) lines."""
+def _log_series(run: Path, head: str, key: str) -> dict[int, float]:
+    """What train.log printed for `key` on its `<head> N | key value | ...` lines (head "step" or "valid step")."""
     out = {}
     for line in (run / "train.log").read_text(encoding="utf-8").splitlines():
-        m = re.search(rf"(?<![a-z] ){prefix}step (\d+) \|.*\b{key} ([-0-9.e+]+)", line)
-        if m and (prefix or " valid step" not in line):
-            out[int(m.group(1))] = float(m.group(2))
+        first, *parts = line.split(" ", 2)[-1].split(" | ")  # without the timestamp
+        if first.rsplit(" ", 1)[0] == head:
+            values = dict(p.split(" ", 1) for p in parts if " " in p)
+            if key in values:
+                out[int(first.rsplit(" ", 1)[1])] = float(values[key])
     return out
 
 
 def test_curves_are_what_training_logged(run):
     curves = read_curves(run)
-    logged = _log_series(run, "", "loss")
+    logged = _log_series(run, "step", "loss")
     assert logged and curves["train/loss"].steps == sorted(logged)
     assert curves["train/loss"].values == pytest.approx([logged[s] for s in sorted(logged)], rel=1e-3)
-    valid = _log_series(run, "valid ", "bleu")
+    valid = _log_series(run, "valid step", "bleu")
     assert valid and dict(zip(curves["valid/bleu"].steps, curves["valid/bleu"].values, strict=True)) == pytest.approx(
         valid, abs=1e-3
     )
-    lr = _log_series(run, "", "lr")
+    lr = _log_series(run, "step", "lr")
     assert curves["train/lr"].values == pytest.approx([lr[s] for s in sorted(lr)], rel=1e-3)
     main = [tag for tag, *_ in curves_to_json(curves)["main"]]
     assert main == ["train/loss", "valid/bleu", "train/lr", "train/tokens_per_s"]
@@ -62,9 +61,11 @@ def test_a_run_without_logs_has_no_curves_and_plot_says_so(tmp_path):
 
 def test_eval_reports_are_read_and_summarised(run, tmp_path):
     reports = read_eval_reports(run)
-    assert [r["name"] for r in reports] == ["test"]
-    summary = eval_summary(reports[0])
-    assert summary["bleu_signature"].startswith("nrefs:1") and summary["decode"]["beam"] == reports[0]["decode"]["beam"]
+    test = next(r for r in reports if r["name"] == "test")
+    assert len(reports) == len(list((run / "eval").glob("*.json")))
+    summary = eval_summary(test)
+    assert summary["bleu_signature"].startswith("nrefs:1") and summary["decode"]["beam"] == test["decode"]["beam"]
+    assert summary["bleu"] == test["bleu"] > 0
     (tmp_path / "eval").mkdir()
     (tmp_path / "eval" / "broken.json").write_text("{not json", encoding="utf-8")
     assert read_eval_reports(tmp_path) == []
@@ -83,7 +84,7 @@ def test_nmt_plot_writes_one_png_per_curve(run, tmp_path):
 
 
 def test_translate_attention_writes_a_heatmap_per_sentence(run, tmp_path):
-    lines = ["我爱猫。", "", "他喝水。"]
+    lines = ["他们买了七只红色的猫。", "", "我们九点见。"]
     src = tmp_path / "in.zh"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     args = ["translate", "--run", str(run), "--precision", "fp32", "--input", str(src)]
@@ -100,8 +101,8 @@ def test_translate_attention_writes_a_heatmap_per_sentence(run, tmp_path):
 
 def test_translate_attention_reads_stdin_and_refuses_nbest(run, tmp_path):
     args = ["translate", "--run", str(run), "--precision", "fp32", "--attention", str(tmp_path / "maps")]
-    result = CliRunner().invoke(app, args, input="我爱猫。\n".encode() + b"\xff\n")
+    result = CliRunner().invoke(app, args, input="我们九点见。\n".encode() + b"\xff\n")
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in (tmp_path / "maps").iterdir()) == ["1.png", "2.png"]  # invalid UTF-8 → U+FFFD
-    refused = CliRunner().invoke(app, [*args, "--nbest", "2", "我爱猫。"])
+    refused = CliRunner().invoke(app, [*args, "--nbest", "2", "我们九点见。"])
     assert refused.exit_code == 1 and "drop --nbest" in refused.output

@@ -21,19 +21,27 @@ from fastapi.testclient import TestClient  # noqa: E402
 from serving import request, start_server, stop  # noqa: E402
 
 from nmt.batcher import BatchLimits  # noqa: E402
+from nmt.checkpoint import read_metadata  # noqa: E402
+from nmt.config import load_config  # noqa: E402
 from nmt.serve import ServeLimits, Service, create_app  # noqa: E402
 from nmt.translate import InferenceOptions, Translator  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parent.parent
-SENTENCES = ["我爱猫。", "他喝水。", "你看书。", "今天很好。", "她吃鱼。", "明天我看大红狗。", "我。"]
+SENTENCES = [
+    "他们买了七只红色的猫。",
+    "这本书二十五元。",
+    "我们九点见。",
+    "你有几本书？",
+    "我的生日是三月十二日。",
+    "他有一条狗。",
+    "我。",
+]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    from synthetic_run import shared_run
-
-    return shared_run(tmp_path_factory)
+def run(tiny_run) -> Path:
+    return tiny_run
 
 
 @pytest.fixture(scope="module")
@@ -59,15 +67,12 @@ def post(client, path: str, body) -> tuple[int, dict]:
 def test_health_info_and_page(client, run):
     assert client.get("/health").json()["status"] == "ok"
     info = client.get("/info").json()
-    from nmt.checkpoint import read_metadata
-
-    assert (
-        info["step"] == int(read_metadata(Path(info["checkpoint"]))["step"])
-        and info["config"]["d_model"] == 32
-        and info["decoding"]["beam"] == 2
-    )
+    config = load_config(run / "config.yaml")
+    assert info["step"] == int(read_metadata(Path(info["checkpoint"]))["step"])
+    assert info["config"]["d_model"] == config.model.d_model and info["decoding"]["beam"] == config.decode.beam
     assert info["limits"]["max_beam"] == 4 and info["attention_maps"] is True
-    assert info["eval"][0]["name"] == "test" and info["eval"][0]["bleu_signature"].startswith("nrefs:1")
+    test = next(e for e in info["eval"] if e["name"] == "test")
+    assert test["bleu_signature"].startswith("nrefs:1") and test["bleu"] > 0
     page = client.get("/")
     assert page.status_code == 200 and '<textarea id="source"' in page.text
     for name in ("app.js", "style.css"):
@@ -77,7 +82,7 @@ def test_health_info_and_page(client, run):
     assert "/translate" in schema["paths"] and "requestBody" in schema["paths"]["/translate"]["post"]
 
 
-def test_translations_equal_the_translator_with_the_same_settings(client, translator):
+def test_translations_equal_the_translator_with_the_same_settings(client, translator, run):
     for beam in (1, 2, 3):
         status, body = post(client, "/translate", {"text": SENTENCES, "beam": beam})
         assert status == 200
@@ -85,7 +90,7 @@ def test_translations_equal_the_translator_with_the_same_settings(client, transl
         assert body["settings"]["beam"] == beam and body["settings"]["engine"] == "native"
     status, body = post(client, "/translate", {"text": SENTENCES[0]})
     assert status == 200 and body["translations"][0]["text"] == translator.translate(SENTENCES[:1])[0]
-    assert body["model"] == "run/final.safetensors" and body["seconds"] >= 0
+    assert body["model"] == f"{run.name}/final.safetensors" and body["seconds"] >= 0
 
 
 def test_nbest_returns_scored_hypotheses_equal_to_translate_nbest(client, translator):
@@ -95,15 +100,15 @@ def test_nbest_returns_scored_hypotheses_equal_to_translate_nbest(client, transl
     for entry, hyps in zip(body["translations"], expected, strict=True):
         assert [(h["text"], h["score"]) for h in entry["nbest"]] == [(t, pytest.approx(s)) for t, s in hyps]
         assert entry["text"] == hyps[0][0] and entry["score"] == pytest.approx(hyps[0][1])
-    greedy = post(client, "/translate", {"text": "我爱猫。", "beam": 1})[1]["translations"][0]
+    greedy = post(client, "/translate", {"text": "我们九点见。", "beam": 1})[1]["translations"][0]
     assert greedy["score"] is None and "nbest" not in greedy
 
 
 def test_blank_sentences_give_empty_translations_in_place(client, translator):
-    status, body = post(client, "/translate", {"text": ["我爱猫。", "  ", "他喝水。"], "nbest": 2})
+    status, body = post(client, "/translate", {"text": ["我们九点见。", "  ", "他喝水。"], "nbest": 2})
     assert status == 200
     texts = [t["text"] for t in body["translations"]]
-    assert texts[1] == "" and texts[0] == translator.translate(["我爱猫。"])[0]
+    assert texts[1] == "" and texts[0] == translator.translate(["我们九点见。"])[0]
 
 
 def test_a_sentence_translates_the_same_alone_and_among_concurrent_requests(client, translator):
@@ -119,22 +124,22 @@ def test_a_sentence_translates_the_same_alone_and_among_concurrent_requests(clie
 
 
 def test_attention_route(client, translator):
-    status, body = post(client, "/attention", {"text": "我爱猫。", "translation": "I love cats."})
+    status, body = post(client, "/attention", {"text": "我们九点见。", "translation": "I love cats."})
     assert status == 200
     assert body["source"][-1] == "</s>" and body["target"][-1] == "</s>"
     assert len(body["weights"]) == len(body["target"]) and len(body["weights"][0]) == len(body["source"])
-    status, default = post(client, "/attention", {"text": "我爱猫。"})
-    assert status == 200 and default["translation"] == translator.translate(["我爱猫。"])[0]
+    status, default = post(client, "/attention", {"text": "我们九点见。"})
+    assert status == 200 and default["translation"] == translator.translate(["我们九点见。"])[0]
     assert post(client, "/attention", {"text": " "})[0] == 422
-    assert post(client, "/attention", {"text": "我爱猫。", "layer": 7})[0] == 422
+    assert post(client, "/attention", {"text": "我们九点见。", "layer": 7})[0] == 422
 
 
 def test_run_routes(client, run):
     curves = client.get("/run/curves").json()
-    assert curves["curves"]["train/loss"]["steps"][-1] == 40
+    assert curves["curves"]["train/loss"]["steps"][-1] == load_config(run / "config.yaml").train.max_steps
     assert [m[0] for m in curves["main"]][:2] == ["train/loss", "valid/bleu"]
-    evals = client.get("/run/evals").json()
-    assert evals[0]["bleu"] == json.loads((run / "eval" / "test.json").read_text())["bleu"]
+    evals = {e["name"]: e for e in client.get("/run/evals").json()}
+    assert evals["test"]["bleu"] == json.loads((run / "eval" / "test.json").read_text())["bleu"]
 
 
 # --------------------------------------------------------------------------- bad input
@@ -186,7 +191,7 @@ def test_a_model_error_fails_only_its_own_request(client, monkeypatch):
         return original(lines, *args, **kwargs)
 
     monkeypatch.setattr(service.translator, "translate_nbest", fragile)
-    bodies = [{"text": "坏"}, {"text": "我爱猫。"}, {"text": ["他喝水。", "你看书。"]}]
+    bodies = [{"text": "坏"}, {"text": "我们九点见。"}, {"text": ["他喝水。", "你看书。"]}]
     with ThreadPoolExecutor(3) as pool:
         results = list(pool.map(lambda b: post(client, "/translate", b), bodies))
     assert results[0][0] == 500 and "model exploded" in results[0][1]["error"]

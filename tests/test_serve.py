@@ -202,7 +202,7 @@ def test_a_model_error_fails_only_its_own_request(client, monkeypatch):
 
 
 def test_real_server_survives_disconnects_and_finishes_in_flight_work_on_sigterm(run, translator):
-    proc, port = start_server(run)
+    proc, port = start_server(run, "--batch-wait-ms", "1500")  # every request waits 1.5 s for company
     try:
         for payload in (  # a body cut short, and a full request whose client leaves at once
             b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{",
@@ -214,10 +214,10 @@ def test_real_server_survives_disconnects_and_finishes_in_flight_work_on_sigterm
         assert status == 200 and [t["text"] for t in body["translations"]] == translator.translate(SENTENCES, beam=2)
 
         slow: dict = {}
-        big = {"text": ["".join(SENTENCES) * 2] * 64, "beam": 16}  # about a second: in flight at SIGTERM
+        big = {"text": SENTENCES, "beam": 4}  # sits in the batcher for 1.5 s: in flight at SIGTERM
         worker = threading.Thread(target=lambda: slow.update(answer=request(port, "POST", "/translate", big)))
         worker.start()
-        time.sleep(0.3)
+        time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         worker.join(timeout=120)
         out = stop(proc)

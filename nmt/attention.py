@@ -18,12 +18,15 @@ ignored by the caller; outputs at real positions agree between backends.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.cache import DecoderState, KVCache
 from nmt.config import ConfigError
 from nmt.masks import attention_mask_from_padding, causal_mask, decoder_self_mask
 
@@ -36,23 +39,59 @@ def resolve_backend(
 ) -> str:
     """The backend that runs for tensors on `device` in `dtype`: "math", "sdpa" or "flash".
 
-    auto → flash on CUDA with fp16/bf16, else sdpa. An explicit "flash" on a non-CUDA device raises
-    ConfigError. Where the varlen kernel cannot run on CUDA, "flash" and "auto" run sdpa: fp32 (e.g.
-    evaluation without autocast), attention dropout in training (`dropout` > 0; the kernel has none),
-    a head dimension that is not a multiple of 8 or exceeds 256.
+    auto → flash on CUDA with fp16/bf16, sdpa otherwise on CUDA; on a CPU whichever of math and
+    sdpa a timed probe found faster for this dtype and head size (forward + backward when
+    gradients are on: in bf16 training math wins clearly, in fp32 sdpa). An explicit "flash" on a
+    non-CUDA device raises ConfigError (at use: a flash-trained model still loads anywhere).
+    Where the varlen kernel cannot run on CUDA, "flash" and "auto" run sdpa: fp32 (e.g.
+    evaluation without autocast), attention dropout in training (`dropout` > 0; the kernel has
+    none), a head dimension that is not a multiple of 8 or exceeds 256, a torch without a
+    `varlen_attn` whose signature nmt knows (`varlen_kernel`).
     """
     if requested not in BACKENDS:
         raise ConfigError(f"model.attention: unknown backend {requested!r} (use one of {' | '.join(BACKENDS)})")
-    is_cuda = torch.device(device).type == "cuda"
-    if requested == "flash" and not is_cuda:
+    device_type = torch.device(device).type
+    if requested == "flash" and device_type != "cuda":
         raise ConfigError(
             f"model.attention: 'flash' needs a CUDA device, but the model runs on {device} (use auto or sdpa)"
         )
     if requested in ("math", "sdpa"):
         return requested
-    if is_cuda and dtype in _HALF and dropout == 0.0 and head_dim % 8 == 0 and head_dim <= 256:
+    if device_type == "cpu" and requested == "auto":
+        return _cpu_choice(dtype, head_dim, torch.is_grad_enabled())
+    flash_ok = dtype in _HALF and dropout == 0.0 and head_dim % 8 == 0 and head_dim <= 256
+    if device_type == "cuda" and flash_ok and varlen_kernel() is not None:
         return "flash"
     return "sdpa"
+
+
+@functools.cache
+def _cpu_choice(dtype: torch.dtype, head_dim: int, grad: bool) -> str:
+    from nmt.device import probe
+
+    name = f"cpu-attention {str(dtype).removeprefix('torch.')} dk{head_dim} {'train' if grad else 'infer'}"
+    return str(probe(name, lambda: faster_dense_backend(dtype, head_dim, grad)))
+
+
+def faster_dense_backend(
+    dtype: torch.dtype, head_dim: int, grad: bool, shape: tuple[int, int, int] = (16, 4, 32)
+) -> str:
+    """ "math" or "sdpa": the faster on this CPU for a batch `shape` = (B, H, T) of encoder
+    self-attention with key padding, in `dtype`, forward (+ backward when `grad`)."""
+    from nmt.device import best_time
+
+    B, H, T = shape
+    q, k, v = (torch.randn(B, H, T, head_dim, dtype=dtype, requires_grad=grad) for _ in range(3))
+    mask = torch.ones(B, 1, 1, T, dtype=torch.bool)
+    mask[: B // 2, :, :, T - T // 4 :] = False  # some padding, as in a real batch
+
+    def run(kernel: Callable[..., Tensor]) -> None:
+        out = kernel(q, k, v, mask)
+        if grad:
+            out.float().sum().backward()
+
+    times = {name: best_time(lambda f=f: run(f)) for name, f in (("math", math_attention), ("sdpa", sdpa_attention))}
+    return min(times, key=lambda name: times[name])
 
 
 # --------------------------------------------------------------------------- dense backends
@@ -81,6 +120,17 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout
     return out * any_key.to(out.dtype)  # (B, H, T, dk)
 
 
+def step_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None) -> Tensor:
+    """The kernel of incremental decoding: a few queries over cached keys, as `math_attention`
+    computes it, with an additive fp32 `bias` (broadcastable to (..., Tq, S)) instead of a boolean
+    mask. q (..., Tq, dk), k/v (..., S, dk) → (..., Tq, dk). Matmuls in the input dtype, softmax in
+    fp32. On CPU this is faster than `scaled_dot_product_attention` for one query per row."""
+    scores = torch.matmul(q * (q.size(-1) ** -0.5), k.transpose(-2, -1)).float()  # (..., Tq, S)
+    if bias is not None:
+        scores = scores + bias
+    return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)
+
+
 def dense_mask(key_pad: Tensor | None, causal: bool, t_query: int, device: torch.device) -> Tensor | None:
     """The boolean attention mask (True = may attend) for the math and sdpa backends."""
     if causal:
@@ -91,10 +141,30 @@ def dense_mask(key_pad: Tensor | None, causal: bool, t_query: int, device: torch
 # --------------------------------------------------------------------------- flash (varlen) backend
 
 
-def _load_varlen() -> Callable[..., Tensor]:
-    from torch.nn.attention.varlen import varlen_attn  # torch >= 2.9, CUDA kernels
-
+def _load_varlen() -> Callable[..., Tensor] | None:
+    """torch's `varlen_attn` (torch >= 2.9), or None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
     return varlen_attn
+
+
+def varlen_kernel() -> Callable[..., Tensor] | None:
+    """`varlen_attn` as f(q, k, v, cu_q, cu_k, max_q, max_k, causal), adapted to the installed
+    torch: causality is `window_size=(-1, 0)` in torch >= 2.11 (checked against 2.13) and
+    `is_causal=True` in torch 2.9-2.10. None without a known signature: flash then runs sdpa."""
+    fn = _load_varlen()
+    if fn is None:
+        return None
+    params = inspect.signature(fn).parameters
+    if "window_size" in params:
+        return lambda q, k, v, cu_q, cu_k, max_q, max_k, causal: fn(
+            q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, 0) if causal else (-1, -1)
+        )
+    if "is_causal" in params:
+        return lambda q, k, v, cu_q, cu_k, max_q, max_k, causal: fn(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=causal)
+    return None
 
 
 def _unpad_index(pad: Tensor) -> tuple[Tensor, Tensor, int]:
@@ -126,8 +196,10 @@ def flash_attention(
     q_packed = q.reshape(B * T, H, dk).index_select(0, q_index).contiguous()  # (Nq, H, dk)
     k_packed = k.reshape(B * S, H, dk).index_select(0, k_index).contiguous()  # (Nk, H, dk)
     v_packed = v.reshape(B * S, H, dk).index_select(0, k_index).contiguous()  # (Nk, H, dk)
-    window = (-1, 0) if causal else (-1, -1)
-    packed = _load_varlen()(q_packed, k_packed, v_packed, cu_q, cu_k, max_q, max_k, window_size=window)
+    kernel = varlen_kernel()
+    if kernel is None:
+        raise RuntimeError("flash attention needs torch.nn.attention.varlen.varlen_attn (torch >= 2.9)")
+    packed = kernel(q_packed, k_packed, v_packed, cu_q, cu_k, max_q, max_k, causal)
     out = q.new_zeros(B * T, H, dk).index_copy(0, q_index, packed.to(q.dtype))  # (B*T, H, dk)
     out = out.view(B, T, H, dk)
     has_keys = (~key_pad).any(dim=1)  # (B,)
@@ -167,7 +239,8 @@ class MultiHeadAttention(nn.Module):
         fused projection, used by cross-attention from then on (same outputs), so that module-level
         tools such as dynamic quantisation see them. Later changes to `in_proj` are not followed."""
         D, w, b = self.d_model, self.in_proj.weight.detach(), self.in_proj.bias.detach()
-        self.q_proj, self.kv_proj = nn.Linear(D, D, device=w.device), nn.Linear(D, 2 * D, device=w.device)
+        like = {"device": w.device, "dtype": w.dtype}
+        self.q_proj, self.kv_proj = nn.Linear(D, D, **like), nn.Linear(D, 2 * D, **like)
         with torch.no_grad():
             self.q_proj.weight.copy_(w[:D])
             self.q_proj.bias.copy_(b[:D])
@@ -245,27 +318,23 @@ class MultiHeadAttention(nn.Module):
         k, v = self._project_kv(memory)
         return k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
 
-    def _step_backend(self, x: Tensor) -> str:
-        backend = self._backend(x.device, x.dtype)
-        return "sdpa" if backend == "flash" else backend  # one query per row: no packing to gain
+    def self_step(self, x: Tensor, cache: KVCache, layer: int, t: int) -> Tensor:
+        """One decoding step of self-attention. x (R, 1, D) → (R, 1, D); this token's K/V are written
+        at position `t` of `cache` (layer `layer`). The token attends to every cached position and
+        itself, so no mask is needed."""
+        R = x.size(0)
+        qkv = self.in_proj(x).view(R, 3, self.heads, self.d_k)  # (R, 3, H, dk)
+        k, v = cache.append(layer, t, qkv[:, 1:])  # (R, H, t+1, dk) each
+        out = step_attention(qkv[:, 0, :, None], k, v)  # (R, H, 1, dk)
+        return self.out_proj(out.reshape(R, 1, self.d_model))
 
-    def self_step(self, x: Tensor, past_k: Tensor | None, past_v: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """One decoding step of self-attention. x (B, 1, D); past_k/v (B, H, t, dk) or None at the
-        first step → (output (B, 1, D), k (B, H, t+1, dk), v (B, H, t+1, dk)). The new token
-        attends to every cached position and itself, so no mask is needed."""
-        B = x.size(0)
-        qkv = self.in_proj(x).view(B, 1, 3, self.heads, self.d_k).transpose(1, 3)  # (B, H, 3, 1, dk)
-        q, k, v = qkv.unbind(2)  # (B, H, 1, dk) each
-        if past_k is not None and past_v is not None:
-            k = torch.cat([past_k, k.to(past_k.dtype)], dim=2)  # (B, H, t+1, dk)
-            v = torch.cat([past_v, v.to(past_v.dtype)], dim=2)
-        out = self._dense(q, k.to(q.dtype), v.to(q.dtype), None, self._step_backend(x))  # (B, H, 1, dk)
-        return self._merge(out.transpose(1, 2)), k, v
-
-    def cross_step(self, x: Tensor, k: Tensor, v: Tensor, key_pad: Tensor) -> Tensor:
-        """One decoding step of cross-attention. x (B, 1, D); k/v (B, H, S, dk) from `memory_kv`;
-        key_pad (B, S) → (B, 1, D)."""
-        q = self._project_q(x).transpose(1, 2)  # (B, H, 1, dk)
-        mask = attention_mask_from_padding(key_pad)  # (B, 1, 1, S)
-        out = self._dense(q, k.to(q.dtype), v.to(q.dtype), mask, self._step_backend(x))
-        return self._merge(out.transpose(1, 2))
+    def cross_step(self, x: Tensor, state: DecoderState, layer: int) -> Tensor:
+        """One decoding step of cross-attention. x (R, 1, D) with R = N sentences × `state.beam`
+        rows → (R, 1, D). The beams of a sentence are its queries: q (N, H, beam, dk) against the
+        sentence's K/V (N, H, S, dk), computed once by `memory_kv`."""
+        R, N = x.size(0), state.src_pad.size(0)
+        q = self._project_q(x).view(N, R // N, self.heads, self.d_k).transpose(1, 2)  # (N, H, beam, dk)
+        out = step_attention(q, state.cross_k[layer], state.cross_v[layer], state.cross_bias)  # (N, H, beam, dk)
+        if state.cross_empty is not None:
+            out = out * state.cross_empty.to(out.dtype)  # no real key: zero output, as in `forward`
+        return self.out_proj(out.transpose(1, 2).reshape(R, 1, self.d_model))

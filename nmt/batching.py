@@ -126,27 +126,34 @@ def _make_batches(src: np.ndarray, tgt: np.ndarray, keep: np.ndarray, max_tokens
     return batches
 
 
+def pad_sources(seqs: Sequence[Sequence[int]]) -> torch.Tensor:
+    """THE padded source batch: (B, S) int64, each sequence + EOS, right-padded with PAD_ID.
+
+    S is the longest sequence + 1. Used by training (`collate`), validation and every
+    decoding engine (re-exported as `nmt.engines.pad_sources`)."""
+    src = torch.full((len(seqs), max(len(s) for s in seqs) + 1), PAD_ID, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        src[i, : len(s)] = torch.as_tensor(np.asarray(s, dtype=np.int64))
+        src[i, len(s)] = EOS_ID
+    return src
+
+
 def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pairs of raw id sequences → (src (B,S), tgt_in (B,T), tgt_out (B,T)) int64, right-padded.
 
-    src = ids + [EOS]; tgt_in = [BOS] + ids; tgt_out = ids + [EOS].
+    src = ids + [EOS] (`pad_sources`); tgt_in = [BOS] + ids; tgt_out = ids + [EOS].
     """
     n = len(pairs)
-    s_len = max(len(s) for s, _ in pairs) + 1
     t_len = max(len(t) for _, t in pairs) + 1
-    src = torch.full((n, s_len), PAD_ID, dtype=torch.long)
     tgt_in = torch.full((n, t_len), PAD_ID, dtype=torch.long)
     tgt_out = torch.full((n, t_len), PAD_ID, dtype=torch.long)
-    for i, (s, t) in enumerate(pairs):
-        s_ids = torch.as_tensor(np.asarray(s, dtype=np.int64))
+    for i, (_, t) in enumerate(pairs):
         t_ids = torch.as_tensor(np.asarray(t, dtype=np.int64))
-        src[i, : len(s_ids)] = s_ids
-        src[i, len(s_ids)] = EOS_ID
         tgt_in[i, 0] = BOS_ID
         tgt_in[i, 1 : len(t_ids) + 1] = t_ids
         tgt_out[i, : len(t_ids)] = t_ids
         tgt_out[i, len(t_ids)] = EOS_ID
-    return src, tgt_in, tgt_out
+    return pad_sources([s for s, _ in pairs]), tgt_in, tgt_out
 
 
 def load_batch(dataset: PairDataset, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -17,6 +17,7 @@ parameter, so the tie survives a round trip.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from torch import nn
 
 from nmt.config import Config, ConfigError, config_from_dict, config_to_yaml
 from nmt.errors import NmtError
-from nmt.runs import atomic_path
+from nmt.files import atomic_path
 
 STEP_RE = re.compile(r"^step_(\d+)\.safetensors$")
 STATE_RE = re.compile(r"^step_(\d+)\.state\.pt$")
@@ -120,6 +121,12 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return found[0] if found else None
 
 
+def model_files(ckpt_dir: Path) -> list[Path]:
+    """The files `choose_inference_checkpoint` picks from: final, best, complete step checkpoints."""
+    named = [Path(ckpt_dir) / n for n in ("final.safetensors", "best.safetensors")]
+    return [p for p in named if p.is_file()] + complete_checkpoints(ckpt_dir)
+
+
 def prune(ckpt_dir: Path, keep_last: int) -> None:
     """Delete all but the newest `keep_last` step checkpoints, and orphan older state files."""
     steps = step_checkpoints(ckpt_dir)
@@ -143,16 +150,74 @@ def clear_checkpoints(ckpt_dir: Path) -> None:
                 p.unlink()
 
 
-def find_inference_checkpoint(run_dir: Path) -> Path:
-    """final.safetensors > best.safetensors > newest complete step checkpoint."""
+@dataclass
+class Choice:
+    """The checkpoint a command loads when none is named, and why (for its "loaded ..." line)."""
+
+    path: Path
+    reason: str
+
+
+def choose_inference_checkpoint(run_dir: Path) -> Choice:
+    """THE rule for the model that translate / eval / serve load when no checkpoint is named.
+
+    1. ``final.safetensors`` — the pipeline's choice on validation (averaged or best) — but
+       only if it was selected from the run's newest training: its metadata ``trained_to``
+       must equal the step of the newest complete step checkpoint. After ``nmt train`` goes
+       on training, final is stale and skipped (the reason says so). A final written before
+       ``trained_to`` existed counts as current if its step is the newest step or best's step.
+    2. ``best.safetensors`` — best validation BLEU; every training run (re)writes it, so it
+       always belongs to the run's newest training.
+    3. the newest complete ``step_<N>.safetensors``.
+    """
     ckpt_dir = Path(run_dir) / "checkpoints"
-    for name in ("final.safetensors", "best.safetensors"):
-        if (ckpt_dir / name).is_file():
-            return ckpt_dir / name
-    latest = latest_checkpoint(ckpt_dir)
-    if latest is None:
+    newest = latest_checkpoint(ckpt_dir)
+    newest_step = int(STEP_RE.match(newest.name).group(1)) if newest else None
+    final, best = ckpt_dir / "final.safetensors", ckpt_dir / "best.safetensors"
+    stale = ""
+    if final.is_file():
+        trained_to = _final_trained_to(final, newest_step, best)
+        if newest_step is None or trained_to == newest_step:
+            return Choice(final, f"final: chosen on validation after training step {trained_to}")
+        stale = f"; final.safetensors is stale (chosen after step {trained_to}, training reached step {newest_step})"
+    if best.is_file():
+        return Choice(best, f"best validation BLEU{stale}")
+    if newest is None:
         raise NmtError(f"{ckpt_dir}: no checkpoint found (train first: nmt train)")
-    return latest
+    return Choice(newest, f"newest step checkpoint{stale}")
+
+
+def _final_trained_to(final: Path, newest_step: int | None, best: Path) -> int | None:
+    """The training step `final` was selected after (legacy files: inferred from its step)."""
+    meta = read_metadata(final)
+    if "trained_to" in meta:
+        return int(meta["trained_to"])
+    step = int(meta.get("step", "-1"))
+    if step == newest_step or (best.is_file() and checkpoint_step(best) == step):
+        return newest_step
+    return step
+
+
+def find_inference_checkpoint(run_dir: Path) -> Path:
+    """The path `choose_inference_checkpoint` picks."""
+    return choose_inference_checkpoint(run_dir).path
+
+
+def write_final(ckpt_dir: Path, chosen: Path, name: str) -> Path:
+    """Copy `chosen` to ``final.safetensors`` (atomically), recording what it was and the newest
+    training step it was chosen after (``trained_to``; see `choose_inference_checkpoint`)."""
+    newest = latest_checkpoint(ckpt_dir)
+    trained_to = int(STEP_RE.match(newest.name).group(1)) if newest else checkpoint_step(chosen)
+    meta = read_metadata(chosen)
+    meta.update(selected=name, trained_to=str(trained_to))
+    with atomic_path(Path(ckpt_dir) / "final.safetensors") as tmp:
+        save_file(load_file(str(chosen)), str(tmp), metadata=meta)
+    return Path(ckpt_dir) / "final.safetensors"
+
+
+def describe_checkpoint(path: Path, reason: str) -> str:
+    """'loaded runs/x/checkpoints/best.safetensors (step 200; best validation BLEU)'."""
+    return f"loaded {path} (step {read_metadata(path).get('step', '?')}; {reason})"
 
 
 def read_metadata(path: Path) -> dict[str, str]:
@@ -210,11 +275,30 @@ def average_checkpoints(paths: list[Path], out: Path) -> Path:
     return save_weights(Path(out), averaged, config, checkpoint_step(paths[-1]), averaged=names)
 
 
-def average_last(run_dir: Path, last: int, out: Path | None = None) -> Path:
+@dataclass
+class Averaged:
+    """What `average_last` wrote: the file, the steps it averaged, and how many were asked for."""
+
+    path: Path
+    steps: list[int]  # oldest first
+    requested: int
+
+    def message(self) -> str:
+        """One line for the user; says so when fewer checkpoints were kept than requested."""
+        steps = ", ".join(map(str, self.steps))
+        text = f"averaged {len(self.steps)} checkpoint(s) (steps {steps}) into {self.path}"
+        if len(self.steps) < self.requested:
+            text += f"; --last {self.requested} asked for {self.requested}, but the run keeps only {len(self.steps)}"
+        return text
+
+
+def average_last(run_dir: Path, last: int, out: Path | None = None) -> Averaged:
     """Average the newest `last` complete step checkpoints of a run (default out:
-    ``checkpoints/averaged.safetensors``)."""
+    ``checkpoints/averaged.safetensors``). Fewer kept than `last`: averages those, and the
+    result's `message()` says how many."""
     ckpt_dir = Path(run_dir) / "checkpoints"
-    newest = complete_checkpoints(ckpt_dir)[:last]
+    newest = list(reversed(complete_checkpoints(ckpt_dir)[:last]))  # oldest first
     if not newest:
         raise NmtError(f"{ckpt_dir}: no step checkpoints to average (train first: nmt train)")
-    return average_checkpoints(list(reversed(newest)), Path(out) if out else ckpt_dir / "averaged.safetensors")
+    path = average_checkpoints(newest, Path(out) if out else ckpt_dir / "averaged.safetensors")
+    return Averaged(path, [int(STEP_RE.match(p.name).group(1)) for p in newest], last)

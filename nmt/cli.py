@@ -34,7 +34,12 @@ SetOpt = Annotated[
 ]
 RunOpt = Annotated[
     Path | None,
-    typer.Option("--run", "-r", help="Run directory; default runs/<config name>, or runs/latest."),
+    typer.Option(
+        "--run",
+        "-r",
+        help="Run directory; default runs/<config name>, else runs/latest (commands that load a model: "
+        "the newest run under runs/ with one).",
+    ),
 ]
 MirrorOpt = Annotated[
     str | None,
@@ -71,10 +76,12 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _setup(config: Path | None, overrides: list[str] | None, run: Path | None, create: bool = True):
+def _setup(
+    config: Path | None, overrides: list[str] | None, run: Path | None, create: bool = True, need_model: bool = False
+):
     from nmt.runs import init_run, resolve_run
 
-    cfg, run_dir = resolve_run(str(config) if config else None, str(run) if run else None, overrides)
+    cfg, run_dir = resolve_run(str(config) if config else None, str(run) if run else None, overrides, need_model)
     if create:
         init_run(cfg, run_dir)
     return cfg, run_dir
@@ -140,7 +147,9 @@ def translate(
         Path | None, typer.Option("--attention", help="Also write a cross-attention heatmap per sentence: DIR/<n>.png.")
     ] = None,
 ) -> None:
-    """Translate Chinese text with a trained run (default: runs/latest)."""
+    """Translate Chinese text with a trained run (default: the newest run under runs/ with a model).
+
+    With --nbest K > 1 each input gives K lines `score<TAB>text`, best first."""
     from nmt.translate import InferenceOptions, translate_to
 
     if texts and input:
@@ -192,7 +201,7 @@ def eval_(
         raise NmtError(f"--split {split!r}: expected valid or test")
     if (src is None) != (ref is None):
         raise NmtError("--src and --ref go together")
-    cfg, run_dir = _setup(config, set_, run, create=False)
+    cfg, run_dir = _setup(config, set_, run, create=False, need_model=True)
     job = EvalJob(split=split, src=src, ref=ref, greedy=greedy)
     evaluate_run(cfg, run_dir, job, InferenceOptions(run_dir, checkpoint, device, precision, engine, beam))
 
@@ -204,10 +213,29 @@ def average(
     last: Annotated[int, typer.Option("--last", "-n", min=1, help="How many of the newest checkpoints.")] = 5,
     output: Annotated[Path | None, typer.Option("--output", "-o")] = None,
 ) -> None:
-    """Average the last N checkpoints of a run into one (usually +0.5-1 BLEU)."""
+    """Average the last N checkpoints of a run into one (usually +0.5-1 BLEU).
+
+    With fewer than N checkpoints kept it averages those and says how many."""
     from nmt.checkpoint import average_last
 
-    out = average_last(_run_dir(run), last, output)
+    typer.echo(average_last(_run_dir(run), last, output).message())
+
+
+@app.command()
+@user_errors
+def export(
+    run: RunOpt = None,
+    checkpoint: CheckpointOpt = None,
+    format_: Annotated[str, typer.Option("--format", help="ctranslate2 (needs nmt[ctranslate2])")] = "ctranslate2",
+    quantization: Annotated[
+        str | None, typer.Option("--quantization", help="int8 | int8_float32 | bfloat16 | float16 (default: float32)")
+    ] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Default: <run>/export/ct2-...")] = None,
+) -> None:
+    """Export a run's model for another inference engine (CTranslate2), with both vocabularies."""
+    from nmt.ct2 import ExportOptions, export_run
+
+    out = export_run(ExportOptions(_run_dir(run), checkpoint, output, quantization, format_))
     typer.echo(f"wrote {out}")
 
 
@@ -288,7 +316,9 @@ def plot(
 
 
 def _run_dir(run: Path | None) -> Path:
-    run_dir = run or Path("runs/latest")
+    from nmt.runs import newest_model_run
+
+    run_dir = run or newest_model_run()
     if not run_dir.is_dir():
         raise NmtError(f"{run_dir}: run directory not found (pass --run DIR)")
     return run_dir

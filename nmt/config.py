@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any, Literal
 import yaml
 
 from nmt.errors import NmtError
+from nmt.files import atomic_write_text
 
 
 class ConfigError(NmtError):
@@ -86,7 +86,10 @@ class TrainConfig:
     max_len: int = 256  # pairs with a longer side (in pieces) are skipped
     max_steps: int = 0  # 0 = no limit
     max_epochs: int = 0  # 0 = no limit
-    max_time: str = ""  # wall-clock budget, e.g. "20m", "1h30m"; "" = no limit
+    # budget of training-loop wall time: updates, validation and checkpoint writes, summed over
+    # resumed runs (not start-up, not the final validation after the stop; nmt/stopping.py),
+    # e.g. "20m", "1h30m"; "" = no limit
+    max_time: str = ""
     eval_every: int = 1000
     eval_sentences: int = 500  # fixed validation subset for BLEU during training
     patience: int = 0  # early stop after this many evals without BLEU gain; 0 = off
@@ -271,14 +274,28 @@ def suggest(word: str, options: typing.Iterable[str]) -> str:
 # --------------------------------------------------------------------------- validation
 
 
+Need = typing.Callable[[bool, str, str], None]  # need(ok, "section.key", message)
+
+
 def validate(c: Config, source: str = "<config>") -> None:
-    """Reject values that cannot work, naming the key."""
+    """Reject values that cannot work, naming the key (one section checker each)."""
 
     def need(ok: bool, key: str, msg: str) -> None:
         if not ok:
             raise ConfigError(f"{source}: {key}: {msg}")
 
-    m, t, v, d, data = c.model, c.train, c.vocab, c.decode, c.data
+    _check_model(c.model, need)
+    _check_vocab(c.vocab, need)
+    _check_train(c.train, c.model, need)
+    try:
+        parse_duration(c.train.max_time)
+    except ValueError as e:
+        raise ConfigError(f"{source}: train.max_time: {e}") from None
+    _check_decode(c.decode, need)
+    _check_data(c.data, need)
+
+
+def _check_model(m: ModelConfig, need: Need) -> None:
     need(m.d_model > 0, "model.d_model", "must be positive")
     need(m.heads > 0, "model.heads", "must be positive")
     need(m.d_model % max(m.heads, 1) == 0, "model.d_model", f"{m.d_model} is not divisible by model.heads={m.heads}")
@@ -288,11 +305,17 @@ def validate(c: Config, source: str = "<config>") -> None:
     need(0.0 <= m.dropout < 1.0, "model.dropout", f"{m.dropout} is outside [0, 1)")
     need(0.0 <= m.attention_dropout < 1.0, "model.attention_dropout", f"{m.attention_dropout} is outside [0, 1)")
     need(m.max_positions > 0, "model.max_positions", "must be positive")
+
+
+def _check_vocab(v: VocabConfig, need: Need) -> None:
     need(v.src_size >= 16, "vocab.src_size", "must be at least 16")
     need(v.tgt_size >= 16, "vocab.tgt_size", "must be at least 16")
     need(0.9 <= v.src_coverage <= 1.0, "vocab.src_coverage", "must be in [0.9, 1]")
     need(0.9 <= v.tgt_coverage <= 1.0, "vocab.tgt_coverage", "must be in [0.9, 1]")
     need(v.workers >= 1, "vocab.workers", "must be at least 1")
+
+
+def _check_train(t: TrainConfig, m: ModelConfig, need: Need) -> None:
     need(t.max_tokens > 0, "train.max_tokens", "must be positive")
     need(t.update_freq >= 1, "train.update_freq", "must be at least 1")
     need(t.lr > 0, "train.lr", "must be positive")
@@ -312,30 +335,23 @@ def validate(c: Config, source: str = "<config>") -> None:
     need(t.keep_last >= 1, "train.keep_last", "must be at least 1")
     need(t.threads >= 0, "train.threads", "must be >= 0")
     need(t.max_nonfinite >= 1, "train.max_nonfinite", "must be at least 1")
-    try:
-        parse_duration(t.max_time)
-    except ValueError as e:
-        raise ConfigError(f"{source}: train.max_time: {e}") from None
+
+
+def _check_decode(d: DecodeConfig, need: Need) -> None:
     need(d.beam >= 1, "decode.beam", "must be at least 1")
     need(1 <= d.nbest <= d.beam, "decode.nbest", f"must be between 1 and decode.beam={d.beam}")
     need(d.max_len_a >= 0 and d.max_len_b >= 0, "decode.max_len_a", "length limits must be >= 0")
     need(d.min_len >= 0, "decode.min_len", "must be >= 0")
     need(d.no_repeat_ngram >= 0, "decode.no_repeat_ngram", "must be >= 0")
     need(d.max_tokens > 0 and d.batch_size > 0, "decode.max_tokens", "batch limits must be positive")
+
+
+def _check_data(data: DataConfig, need: Need) -> None:
     need(data.max_chars > 0, "data.max_chars", "must be positive")
     need(data.max_ratio >= 1.0, "data.max_ratio", "must be >= 1")
     need(data.max_train_pairs is None or data.max_train_pairs > 0, "data.max_train_pairs", "must be positive")
-    if m.attention == "flash":
-        no_cuda = "'flash' needs a CUDA device, and none is available (use auto or sdpa)"
-        need(_cuda_available(), "model.attention", no_cuda)
-
-
-def _cuda_available() -> bool:
-    if os.environ.get("NMT_ASSUME_NO_CUDA"):
-        return False
-    import torch
-
-    return torch.cuda.is_available()
+    # Host-dependent needs (flash attention needs CUDA) are checked where the model runs
+    # (nmt.attention.resolve_backend), not here: a run trained on a GPU must load anywhere.
 
 
 def parse_duration(text: str) -> float:
@@ -380,6 +396,4 @@ def config_to_yaml(c: Config) -> str:
 
 def save_config(c: Config, path: str | Path) -> None:
     """Write the resolved config atomically."""
-    from nmt.runs import atomic_write_text
-
     atomic_write_text(Path(path), config_to_yaml(c))

@@ -18,39 +18,37 @@ from typing import Any
 
 import torch
 
-from nmt import EOS_ID, PAD_ID
+from nmt.batching import pad_sources  # re-exported: the one padded source batch
 from nmt.config import DecodeConfig
-from nmt.device import autocast, check_precision
+from nmt.device import inference_model, resolve_inference_precision
 from nmt.search import beam_search, greedy_search
 
 ENGINES = ("native", "ctranslate2")
 
 Found = list[list[tuple[list[int], float]]]
-
-
-def pad_sources(seqs: list[list[int]]) -> torch.Tensor:
-    """(B, S) long tensor: each sequence + EOS, right-padded with PAD_ID."""
-    width = max(len(s) for s in seqs) + 1
-    src = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)
-    for row, s in enumerate(seqs):
-        src[row, : len(s) + 1] = torch.tensor([*s, EOS_ID])
-    return src
+__all__ = ["ENGINES", "Found", "NativeEngine", "describe", "pad_sources"]
 
 
 class NativeEngine:
-    """nmt's PyTorch model on `device`, decoding in `precision` (fp32 | bf16 | fp16)."""
+    """nmt's PyTorch model on `device`, decoding in `precision` (auto | fp32 | bf16 | fp16 | int8).
+
+    'auto' resolves to the fastest precision measured on this machine (`nmt.device`); the model is
+    converted once (bf16/fp16 weights, int8 dynamic quantisation), `self.precision` is the result.
+    """
 
     name = "native"
 
     def __init__(self, model: torch.nn.Module, decode: DecodeConfig, device: torch.device, precision: str) -> None:
-        check_precision(device, precision)
-        self.model = model.to(device).eval()
-        self.decode, self.device, self.precision = decode, device, precision
+        cfg = getattr(model, "cfg", None)
+        shape = (cfg.d_model, cfg.ffn_dim) if cfg is not None else (512, 2048)
+        self.precision = resolve_inference_precision(device, precision, shape)
+        self.model = inference_model(model, device, self.precision)
+        self.decode, self.device = decode, device
 
     def search(self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float, greedy: bool) -> Found:
         d = self.decode
         src = pad_sources(seqs).to(self.device)  # (B, S)
-        with torch.inference_mode(), autocast(self.device, self.precision):
+        with torch.inference_mode():
             if greedy:
                 out = greedy_search(self.model, src, d.max_len_a, d.max_len_b, d.min_len)
                 return [[(tokens, float("nan"))] for tokens in out]

@@ -199,6 +199,7 @@ def evaluate_run(
     if name is None:
         base = split if src is None else f"ext-{src_path.name.split('.')[0]}"
         name = base if beam == config.decode.beam else f"{base}.beam{beam}"
+        name += "" if opts.engine == "native" else f".{opts.engine}"  # keep both engines' reports
     hyps, result = _decode_and_score(translator, src_lines, ref_lines, code_list, beam, job.ter)
     d = config_to_dict(config)["decode"]
     report: dict[str, Any] = {

@@ -41,3 +41,10 @@ def decoder_self_mask(tgt_pad: Tensor) -> Tensor:
     """(B, T) target padding → (B, 1, T, T) causal AND key-not-padding (True = may attend)."""
     T = tgt_pad.size(1)
     return causal_mask(T, tgt_pad.device)[None, None] & attention_mask_from_padding(tgt_pad)  # (B, 1, T, T)
+
+
+def cross_attention_bias(key_pad: Tensor) -> Tensor:
+    """(B, S) key padding → (B, 1, 1, S) fp32 additive mask for incremental decoding: 0 where a key
+    may be attended, the most negative fp32 value at padding (softmax gives it weight 0, never NaN)."""
+    bias = torch.zeros(key_pad.shape, dtype=torch.float32, device=key_pad.device)
+    return bias.masked_fill_(key_pad, torch.finfo(torch.float32).min)[:, None, None, :]

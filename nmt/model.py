@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -19,9 +19,10 @@ from torch import Tensor, nn
 
 from nmt import PAD_ID
 from nmt.attention import MultiHeadAttention, resolve_backend
-from nmt.config import Config, ConfigError, ModelConfig, _cuda_available
+from nmt.cache import DecoderState, KVCache
+from nmt.config import Config, ModelConfig
 from nmt.errors import NmtError
-from nmt.masks import padding_mask
+from nmt.masks import cross_attention_bias, padding_mask
 
 
 @dataclass
@@ -30,37 +31,11 @@ class EncoderOut:
     src_pad: Tensor  # (B, S) bool, True = padding
 
 
-@dataclass
-class DecoderState:
-    """Everything `decode_step` needs; rows can be reordered, dropped or repeated by `reorder`."""
-
-    cross_k: list[Tensor]  # per decoder layer (B, H, S, dk), computed once
-    cross_v: list[Tensor]
-    src_pad: Tensor  # (B, S)
-    self_k: list[Tensor | None] = field(default_factory=list)  # per layer (B, H, t, dk); None before step 0
-    self_v: list[Tensor | None] = field(default_factory=list)
-    step: int = 0  # tokens decoded so far = position of the next token
-
-    def reorder(self, index: Tensor) -> None:
-        """Select rows (B,) → (len(index),) of every cached tensor, in place; repeats expand."""
-        self.reorder_beams(index)
-        self.cross_k = [t.index_select(0, index) for t in self.cross_k]
-        self.cross_v = [t.index_select(0, index) for t in self.cross_v]
-        self.src_pad = self.src_pad.index_select(0, index)
-
-    def reorder_beams(self, index: Tensor) -> None:
-        """`reorder` for an index whose rows keep their source sentence (beams permuted within a
-        sentence, same row count): the cross-attention K/V are equal along such moves, so only the
-        self-attention caches are selected."""
-        self.self_k = [None if t is None else t.index_select(0, index) for t in self.self_k]
-        self.self_v = [None if t is None else t.index_select(0, index) for t in self.self_v]
-
-    @property
-    def batch_size(self) -> int:
-        return self.src_pad.size(0)
-
-
 # --------------------------------------------------------------------------- building blocks
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
 
 
 def sinusoidal_table(max_positions: int, d_model: int) -> Tensor:
@@ -95,9 +70,10 @@ class Sublayer(nn.Module):
         self.pre_norm = pre_norm
 
     def forward(self, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
+        drop = self.dropout if self.training else _identity  # no module call per step when decoding
         if self.pre_norm:
-            return x + self.dropout(fn(self.norm(x)))
-        return self.norm(x + self.dropout(fn(x)))
+            return x + drop(fn(self.norm(x)))
+        return self.norm(x + drop(fn(x)))
 
 
 class EncoderLayer(nn.Module):
@@ -131,16 +107,9 @@ class DecoderLayer(nn.Module):
         return self.ffn_block(x, self.ffn)
 
     def step(self, x: Tensor, state: DecoderState, i: int) -> Tensor:
-        """x (B, 1, D) → (B, 1, D); appends this token's self-attention K/V to layer i's cache."""
-
-        def self_attend(h: Tensor) -> Tensor:
-            out, state.self_k[i], state.self_v[i] = self.self_attn.self_step(h, state.self_k[i], state.self_v[i])
-            return out
-
-        x = self.self_block(x, self_attend)
-        x = self.cross_block(
-            x, lambda h: self.cross_attn.cross_step(h, state.cross_k[i], state.cross_v[i], state.src_pad)
-        )
+        """x (R, 1, D) → (R, 1, D); writes this token's self-attention K/V into layer i's cache."""
+        x = self.self_block(x, lambda h: self.self_attn.self_step(h, state.self_kv, i, state.step))
+        x = self.cross_block(x, lambda h: self.cross_attn.cross_step(h, state, i))
         return self.ffn_block(x, self.ffn)
 
 
@@ -159,8 +128,6 @@ class Stack(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, src_vocab: int, tgt_vocab: int):
         super().__init__()
-        if cfg.attention == "flash" and not _cuda_available():
-            raise ConfigError("model.attention: 'flash' needs a CUDA device, and none is available (use auto or sdpa)")
         self.cfg, self.src_vocab, self.tgt_vocab = cfg, src_vocab, tgt_vocab
         self.max_positions = cfg.max_positions
         D, pre = cfg.d_model, cfg.norm == "pre"
@@ -208,7 +175,8 @@ class Transformer(nn.Module):
         x = table(tokens) * self.embed_scale  # (B, L, D)
         table_pos = self.sinusoids if positions is None else positions.weight  # (P, D)
         pos = table_pos[start : start + L].to(x.dtype)  # (L, D)
-        return self.dropout(x + pos[None])
+        x = x + pos[None]
+        return self.dropout(x) if self.training else x
 
     def _logits(self, h: Tensor) -> Tensor:
         """(B, T, D) decoder output → (B, T, V)."""
@@ -257,15 +225,17 @@ class Transformer(nn.Module):
     # ----------------------------------------------------------------------- incremental decoding
 
     def start_decoding(self, enc: EncoderOut) -> DecoderState:
-        """Computes every decoder layer's cross-attention K/V once; the self-attention cache is empty."""
+        """Computes every decoder layer's cross-attention K/V and the source mask once (one row per
+        sentence); the self-attention cache is empty."""
         cross = [layer.cross_attn.memory_kv(enc.memory) for layer in self.decoder.layers]
-        n = len(cross)
+        empty = enc.src_pad.all(dim=1)  # (N,) sources without a single real token
         return DecoderState(
             cross_k=[k for k, _ in cross],
             cross_v=[v for _, v in cross],
             src_pad=enc.src_pad,
-            self_k=[None] * n,
-            self_v=[None] * n,
+            cross_bias=cross_attention_bias(enc.src_pad),
+            cross_empty=(~empty).float()[:, None, None, None] if bool(empty.any()) else None,
+            self_kv=KVCache(len(cross), enc.src_pad.size(0)),
         )
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
@@ -322,7 +292,7 @@ def model_summary(model: Transformer) -> str:
     elif param.device.type == "meta":
         backend = cfg.attention
     else:
-        backend = resolve_backend(cfg.attention, param.device, param.dtype)
+        backend = resolve_backend(cfg.attention, param.device, param.dtype, head_dim=cfg.d_model // cfg.heads)
     return (
         f"Transformer {cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model {cfg.d_model}, "
         f"{cfg.heads} heads, FFN {cfg.ffn_dim}, {cfg.norm}-norm, {cfg.activation}, {cfg.positions} positions, "

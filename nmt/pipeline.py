@@ -6,11 +6,10 @@ Each stage is skipped when its stamp says it already ran on the same inputs, so 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from nmt.config import Config, config_to_dict
-from nmt.runs import atomic_path, hash_files, is_fresh, stamp_path, write_stamp
+from nmt.runs import hash_files, is_fresh, stamp_path, write_stamp
 
 
 def run_pipeline(config: Config, run_dir: Path, mirror: str | None = None) -> dict:
@@ -71,9 +70,10 @@ def select_stage(config: Config, run_dir: Path) -> str:
     """Average the last checkpoints, then keep the better of (averaged, best) on validation.
 
     The choice is made on the validation split only; the winner is copied to
-    `checkpoints/final.safetensors`, which translate/eval use by default.
+    `checkpoints/final.safetensors` with the step it was chosen after, which translate/eval
+    use by default until training goes on (`nmt.checkpoint.choose_inference_checkpoint`).
     """
-    from nmt.checkpoint import average_last
+    from nmt.checkpoint import average_last, write_final
     from nmt.evaluate import EvalJob, evaluate_run
     from nmt.translate import InferenceOptions
 
@@ -83,7 +83,7 @@ def select_stage(config: Config, run_dir: Path) -> str:
     final = ckpt_dir / "final.safetensors"
     if final.is_file() and is_fresh(run_dir, "select", digest):
         return "skipped"
-    candidates = {"averaged": average_last(run_dir, config.train.keep_last, ckpt_dir / "averaged.safetensors")}
+    candidates = {"averaged": average_last(run_dir, config.train.keep_last, ckpt_dir / "averaged.safetensors").path}
     if (ckpt_dir / "best.safetensors").is_file():
         candidates["best"] = ckpt_dir / "best.safetensors"
     scores = {}
@@ -92,8 +92,7 @@ def select_stage(config: Config, run_dir: Path) -> str:
         report = evaluate_run(config, run_dir, job, InferenceOptions(run_dir, checkpoint=path))
         scores[name] = report["bleu"]
     winner = max(scores, key=lambda k: scores[k])
-    with atomic_path(final) as tmp:
-        shutil.copyfile(candidates[winner], tmp)
+    write_final(ckpt_dir, candidates[winner], winner)
     write_stamp(run_dir, "select", digest, {"valid_bleu": scores, "chosen": winner})
     return "ran"
 

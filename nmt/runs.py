@@ -9,7 +9,12 @@ A run directory (`runs/<name>/`) holds everything one experiment made:
     checkpoints/               step_<N>.safetensors + step_<N>.state.pt, best.safetensors
     tb/, train.log, eval/
 
-`runs/latest` is a symlink to the newest run. Each stage writes a stamp
+`runs/latest` is a symlink to the run that a stage command (download, vocab, train,
+pipeline) last set up under `runs/`; stage commands given neither `--config` nor `--run`
+use it. Commands that load a model (translate, eval, average, serve) default instead to
+the newest run under `runs/` that has a model (`newest_model_run`), so a benchmark or a
+run still preparing its data never takes over the default. Runs outside `runs/` never
+touch a `latest` link. Each stage writes a stamp
 (`<stage>.stamp.json`) holding the hash of its inputs, so a finished stage is skipped and
 a stale one is redone.
 """
@@ -20,51 +25,14 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from nmt.config import Config, ConfigError, config_to_yaml, load_config
 from nmt.errors import NmtError
+from nmt.files import atomic_path, atomic_write_json, atomic_write_text
 
 RUNS_ROOT = Path("runs")
-
-
-# --------------------------------------------------------------------------- atomic writes
-
-
-@contextlib.contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temporary path next to `path`; rename it over `path` only on success."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
 # --------------------------------------------------------------------------- run directories
@@ -74,44 +42,82 @@ def default_run_dir(config: Config) -> Path:
     return RUNS_ROOT / config.name
 
 
-def resolve_run(config_path: str | None, run: str | None, overrides: list[str] | None = None) -> tuple[Config, Path]:
+def resolve_run(
+    config_path: str | None, run: str | None, overrides: list[str] | None = None, need_model: bool = False
+) -> tuple[Config, Path]:
     """Find the config and the run directory a command works on.
 
     - `--config` given: load it (plus overrides); run dir is `--run` or `runs/<config name>`.
     - only `--run` given: read `<run>/config.yaml`.
-    - neither: use `runs/latest`.
+    - neither: `need_model` (translate, eval, average, serve): the newest run under `runs/`
+      that has a model (`newest_model_run`); otherwise (stage commands) `runs/latest`.
     """
     if config_path:
         config = load_config(config_path, overrides)
         run_dir = Path(run) if run else default_run_dir(config)
         return config, run_dir
-    run_dir = Path(run) if run else RUNS_ROOT / "latest"
+    default = newest_model_run if need_model else latest_run
+    run_dir = Path(run) if run is not None else default()
     saved = run_dir / "config.yaml"
     if not saved.is_file():
-        if run is None:
-            raise NmtError("no --config given and runs/latest does not exist: pass --config FILE or --run DIR")
         raise NmtError(f"{saved}: not found: pass --config FILE, or --run a directory made by nmt")
-    return load_config(saved, overrides), run_dir.resolve() if run is None else run_dir
+    return load_config(saved, overrides), run_dir
 
 
-def init_run(config: Config, run_dir: Path) -> Path:
-    """Create the run directory, save the resolved config, point runs/latest at it."""
+def latest_run(root: Path = RUNS_ROOT) -> Path:
+    """`runs/latest` resolved: the run a stage command (download, vocab, train, pipeline) last set up."""
+    link = Path(root) / "latest"
+    if not (link / "config.yaml").is_file():
+        raise NmtError(f"no --config given and {link} does not exist: pass --config FILE or --run DIR")
+    return link.resolve()
+
+
+def newest_model_run(root: Path = RUNS_ROOT) -> Path:
+    """The run under `root` whose model files (final / best / complete step checkpoints) were
+    written last: the default of every command that loads a model. Runs without a model
+    (a benchmark's data-only run, a run whose training has not checkpointed yet) never are."""
+    from nmt.checkpoint import model_files
+
+    newest: tuple[float, Path] | None = None
+    root = Path(root)
+    for run_dir in sorted(root.iterdir()) if root.is_dir() else []:
+        if run_dir.name == "latest" or not (run_dir / "config.yaml").is_file():
+            continue
+        files = model_files(run_dir / "checkpoints")
+        stamp = max((p.stat().st_mtime for p in files), default=None)
+        if stamp is not None and (newest is None or stamp > newest[0]):
+            newest = (stamp, run_dir.resolve())
+    if newest is None:
+        raise NmtError(
+            f"no run with a trained model under {root}/: pass --run DIR "
+            "(or train one: nmt pipeline --config configs/tiny.yaml)"
+        )
+    return newest[1]
+
+
+def init_run(config: Config, run_dir: Path, latest: bool = True) -> Path:
+    """Create the run directory and save the resolved config; with `latest`, point runs/latest
+    at it (`mark_latest`). Benchmarks and other helpers pass latest=False."""
     run_dir.mkdir(parents=True, exist_ok=True)
     saved = run_dir / "config.yaml"
     text = config_to_yaml(config)
     if not saved.exists() or saved.read_text(encoding="utf-8") != text:
         atomic_write_text(saved, text)
-    mark_latest(run_dir)
+    if latest:
+        mark_latest(run_dir)
     return run_dir
 
 
-def mark_latest(run_dir: Path) -> None:
-    """Point `<parent of run_dir>/latest` at run_dir (relative symlink, replaced atomically)."""
-    run_dir = Path(run_dir).resolve()
-    link = run_dir.parent / "latest"
-    if run_dir.name == "latest":
+def mark_latest(run_dir: Path, root: Path = RUNS_ROOT) -> None:
+    """Point `runs/latest` at run_dir (relative symlink, replaced atomically).
+
+    Only for runs directly under `runs/` (`root`): a run elsewhere (`--run /data/exp1`) never
+    creates or moves a `latest` link, in its own parent or anywhere else."""
+    run_dir, root = Path(run_dir).resolve(), Path(root).resolve()
+    if run_dir.parent != root or run_dir.name == "latest":
         return
-    tmp = run_dir.parent / f".latest.{os.getpid()}"
+    link = root / "latest"
+    tmp = root / f".latest.{os.getpid()}"
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
     try:
@@ -171,7 +177,9 @@ __all__ = [
     "hash_files",
     "init_run",
     "is_fresh",
+    "latest_run",
     "mark_latest",
+    "newest_model_run",
     "resolve_run",
     "write_stamp",
 ]

@@ -3,11 +3,14 @@
 Both searches drive any model with the decoding protocol of `nmt.model.Transformer`:
 
     enc = model.encode(src)                 # src (B, S): ids + [EOS], right-padded with PAD
-    state = model.start_decoding(enc)       # cross-attention K/V computed once
+    state = model.start_decoding(enc)       # cross-attention K/V computed once; one row per sentence
     logits = model.decode_step(tok, state)  # tok (R,) → (R, V) fp32 logits; appends to the cache
-    state.reorder(index)                    # index_select on the row dim, in place (may expand)
-    state.reorder_beams(index)              # optional: the same, for an index that only moves rows
-                                            # among the beams of one sentence (source caches stay)
+    state.reorder(rows)                     # row r becomes old row rows[r], in place; with one row
+                                            # per sentence this drops, permutes or repeats sentences
+    state.reorder(rows, beam=K)             # B rows → B*K: K rows (beams) per sentence from now on
+    state.reorder(rows, sentences=keep)     # beams: drop the sentences not in `keep` (N',); `rows`
+                                            # are the kept sentences' rows; without `sentences`,
+                                            # rows only move among the beams of their sentence
 
 Lengths. `src_len` is the number of source pieces (non-PAD ids, without the EOS). The output
 of sentence b has at most `max_len[b] = floor(max_len_a * src_len + max_len_b)` tokens before
@@ -24,11 +27,13 @@ With that criterion `beam=1` yields exactly the greedy output.
 
 Every step is vectorised over the whole batch (sentences × beams in one tensor); the only
 per-sentence Python work is collecting a sentence's results once, when it is done. Sentences
-that are done are dropped from the batch (`state.reorder`), so they stop costing compute.
+that are done are dropped from the batch (`state.reorder`), so they stop costing compute;
+greedy search drops its ended rows in groups (once they are a quarter of the batch), since a
+drop copies the caches and an ended row costs only its share of the step.
 Beam search runs step 0 once per sentence (all beams start from BOS) and expands to
-sentences × beams afterwards; steps that only permute beams use `state.reorder_beams` where
-the state has it, so that source-side caches are not copied. Results do not depend on the
-other sentences in the batch.
+sentences × beams with the first reorder; steps that only move beams leave the source side of
+the state alone. Greedy search takes the argmax of the logits (log-softmax does not change it).
+Results do not depend on the other sentences in the batch.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from torch import Tensor
 from nmt import BOS_ID, EOS_ID, PAD_ID
 
 NEG_INF = float("-inf")
+_NEVER = torch.tensor([PAD_ID, BOS_ID])  # ids that are never generated
+COMPACT_AT = 4  # greedy: rows that ended leave the batch once they are 1/COMPACT_AT of it
 
 
 @dataclass
@@ -75,19 +82,20 @@ def max_lengths(model: Any, src: Tensor, max_len_a: float, max_len_b: float) -> 
     return limit.clamp(min=0)
 
 
-def constrain(lp: Tensor, step: int, min_len: int, max_len: Tensor) -> Tensor:
-    """Apply the length rules to log-probs `lp` (R, V) of the token at output position `step`.
+def constrain(lp: Tensor, step: int, min_len: int, max_len: Tensor, earliest_max: int = 0) -> Tensor:
+    """Apply the length rules to log-probs (or logits) `lp` (R, V) of the token at output position `step`.
 
-    `max_len` (R,) is each row's limit: a row with `step >= max_len` can only emit EOS.
+    `max_len` (R,) is each row's limit: a row with `step >= max_len` can only emit EOS. The rule is
+    skipped while `step < earliest_max` (a lower bound of `max_len`, known on the host).
     """
-    eos_lp = lp[:, EOS_ID].clone()  # (R,)
-    lp[:, PAD_ID] = NEG_INF
-    lp[:, BOS_ID] = NEG_INF
+    eos_lp = lp[:, EOS_ID].clone() if step >= earliest_max else None  # (R,): max_len wins over min_len
+    lp.index_fill_(1, _NEVER.to(lp.device), NEG_INF)  # PAD, BOS
     if step < min_len:
         lp[:, EOS_ID] = NEG_INF
-    force = step >= max_len  # (R,): only EOS left (no host sync: masks, not branches)
-    lp.masked_fill_(force.unsqueeze(1), NEG_INF)
-    lp[:, EOS_ID] = torch.where(force, eos_lp, lp[:, EOS_ID])
+    if eos_lp is not None:
+        force = step >= max_len  # (R,): only EOS left (no host sync: masks, not branches)
+        lp.masked_fill_(force.unsqueeze(1), NEG_INF)
+        lp[:, EOS_ID] = torch.where(force, eos_lp, lp[:, EOS_ID])
     return lp
 
 
@@ -122,21 +130,24 @@ def greedy_search(
     B = src.size(0)
     max_len = max_lengths(model, src, max_len_a, max_len_b)  # (B,)
     steps = int(max_len.max().item()) + 1 if B else 0
+    earliest = int(max_len.min().item()) if B else 0
     out = torch.full((B, steps), PAD_ID, dtype=torch.long, device=src.device)  # (B, T)
     state = model.start_decoding(model.encode(src))
-    rows = torch.arange(B, device=src.device)  # original index of each live row
+    rows = torch.arange(B, device=src.device)  # original index of each row still decoded
     tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=src.device)  # (R,)
+    ended = torch.zeros(B, dtype=torch.bool, device=src.device)  # (R,): has emitted EOS
     for t in range(steps):
-        lp = constrain(_log_probs(model, tokens, state), t, min_len, max_len[rows])  # (R, V)
-        tokens = lp.argmax(dim=-1)  # (R,)
-        out[rows, t] = tokens
-        live = tokens != EOS_ID  # (R,)
-        if not bool(live.all()):
-            if not bool(live.any()):
-                break
-            keep = live.nonzero().squeeze(1)
+        logits = constrain(model.decode_step(tokens, state), t, min_len, max_len[rows], earliest)  # (R, V)
+        tokens = logits.argmax(dim=-1)  # (R,): the argmax of the log-probs too
+        out[rows, t] = tokens  # what an ended row writes after its EOS is cut by _strip
+        ended |= tokens == EOS_ID
+        n_ended = int(ended.sum())
+        if n_ended == ended.numel():
+            break
+        if n_ended * COMPACT_AT >= ended.numel():  # drop ended rows once they are a quarter of the batch:
+            keep = (~ended).nonzero().squeeze(1)  # fewer cache copies than dropping at every EOS
             state.reorder(keep)
-            rows, tokens = rows[keep], tokens[keep]
+            rows, tokens, ended = rows[keep], tokens[keep], ended[keep]
     return [_strip(seq) for seq in out.tolist()]
 
 
@@ -214,31 +225,33 @@ def beam_search(
     B, K, dev = src.size(0), beam, src.device
     max_len = max_lengths(model, src, max_len_a, max_len_b)  # (B,)
     steps = int(max_len.max().item()) + 1 if B else 0
+    earliest = int(max_len.min().item()) if B else 0
     state = model.start_decoding(model.encode(src))  # B rows: step 0 runs once per sentence
-    reorder_beams = getattr(state, "reorder_beams", state.reorder)
     sent = torch.arange(B, device=dev)  # original index of each live sentence (N,)
-    scores = torch.full((B, K), NEG_INF, device=dev)
-    scores[:, 0] = 0.0  # one open beam at the start, so the first step has no duplicates
-    hist = torch.full((B * K, steps), PAD_ID, dtype=torch.long, device=dev)  # (N*K, T)
-    tokens = torch.full((B * K,), BOS_ID, dtype=torch.long, device=dev)  # (N*K,)
+    scores = torch.zeros(B, 1, device=dev)  # (N, k): k = 1 open beam at step 0, K afterwards
+    hist = torch.full((B, steps), PAD_ID, dtype=torch.long, device=dev)  # (N*k, T)
+    tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=dev)  # (N*k,)
     fin = _Finished.empty(B, K, steps, dev)
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(steps):
-        N = sent.size(0)
-        lp = _log_probs(model, tokens if t else tokens[::K], state)  # (N*K, V); (B, V) at step 0
-        lp = constrain(lp if t else lp.repeat_interleave(K, dim=0), t, min_len, max_len[sent].repeat_interleave(K))
-        lp = block_repeated_ngrams(lp, hist[:, :t], no_repeat_ngram)
+        N, k = scores.shape
+        lp = constrain(_log_probs(model, tokens, state), t, min_len, max_len[sent].repeat_interleave(k), earliest)
+        lp = block_repeated_ngrams(lp, hist[:, :t], no_repeat_ngram)  # (N*k, V)
         V = lp.size(1)
-        cand = (scores.view(-1, 1) + lp).view(N, K * V)  # (N, K*V)
-        top_score, top_idx = cand.topk(min(2 * K, K * V), dim=1)  # (N, 2K)
+        cand = (scores.view(-1, 1) + lp).view(N, k * V)  # (N, k*V)
+        top_score, top_idx = cand.topk(min(2 * K, k * V), dim=1)  # (N, 2K)
+        if top_score.size(1) < K:  # a vocabulary smaller than the beam at step 0: closed slots
+            fill = K - top_score.size(1)
+            top_score = torch.cat([top_score, top_score.new_full((N, fill), NEG_INF)], dim=1)
+            top_idx = torch.cat([top_idx, top_idx.new_full((N, fill), PAD_ID)], dim=1)  # beam 0, token PAD
         top_beam, top_tok = top_idx // V, top_idx % V
         fin = _finish_eos(fin, top_score[:, :K], top_beam[:, :K], top_tok[:, :K], hist, t, len_penalty)
-        scores, flat, tokens = _next_beams(top_score, top_beam, top_tok, K)  # (N, K), (N*K,), (N*K,)
+        scores, flat, tokens = _next_beams(top_score, top_beam, top_tok, K, k)  # (N, K), (N*K,), (N*K,)
         full = torch.isfinite(fin.score).sum(dim=1) >= K  # (N,)
         stuck = ~torch.isfinite(scores).any(dim=1)  # every open beam was closed by the rules
         done = full | stuck | (t >= max_len[sent])
-        dropped = bool(done.any())
-        if dropped:  # collect finished sentences and drop their rows
+        keep = None
+        if bool(done.any()):  # collect finished sentences and drop their rows
             finished = done.nonzero().squeeze(1)
             for b, hyps in zip(sent[finished].tolist(), _collect(fin.select(finished), nbest), strict=True):
                 results[b] = hyps
@@ -249,36 +262,34 @@ def beam_search(
             flat, tokens = flat.view(N, K)[keep].view(-1), tokens.view(N, K)[keep].view(-1)
         hist = hist[flat]
         hist[:, t] = tokens
-        if t == 0:
-            state.reorder(flat // K)  # expand B → N*K rows (row n*K + k)
-        elif dropped:
-            state.reorder(flat)
-        else:
-            reorder_beams(flat)  # beams move within their sentence only
+        state.reorder(flat, sentences=keep, beam=K)  # step 0: B → N*K rows; later: beams move
     return results
 
 
 def _finish_eos(
     fin: _Finished, score: Tensor, beam_idx: Tensor, tok: Tensor, hist: Tensor, step: int, len_penalty: float
 ) -> _Finished:
-    """Store the EOS candidates among the top K of this step (all (N, K)) as finished hypotheses."""
+    """Store the EOS candidates among the top K of this step (all (N, K)) as finished hypotheses.
+    `hist` (N*k, T) holds the k open beams of each sentence that `beam_idx` points into."""
     is_eos = (tok == EOS_ID) & torch.isfinite(score)  # (N, K)
     if not bool(is_eos.any()):
         return fin
     N, K = score.shape
     norm = score / float(step + 1) ** len_penalty  # length counts the EOS
     new_score = torch.where(is_eos, norm, torch.full_like(norm, NEG_INF))
-    rows = (torch.arange(N, device=score.device).unsqueeze(1) * K + beam_idx).view(-1)  # (N*K,)
+    k = hist.size(0) // N  # open beams per sentence before this step
+    rows = (torch.arange(N, device=score.device).unsqueeze(1) * k + beam_idx).view(-1)  # (N*K,)
     new_tokens = hist[rows].view(N, K, -1).clone()  # (N, K, T)
     new_tokens[:, :, step:] = PAD_ID
     return _add_finished(fin, new_score, score, new_tokens, step)
 
 
-def _next_beams(top_score: Tensor, top_beam: Tensor, top_tok: Tensor, K: int) -> tuple[Tensor, Tensor, Tensor]:
+def _next_beams(top_score: Tensor, top_beam: Tensor, top_tok: Tensor, K: int, k: int) -> tuple[Tensor, Tensor, Tensor]:
     """The best K non-EOS candidates of each sentence, in rank order.
 
-    top_* are (N, 2K), sorted by score. Returns scores (N, K), the flat source row of each new
-    beam (N*K,) and its new token (N*K,).
+    top_* are (N, 2K), sorted by score, `top_beam` indexing the k beams a sentence had before the
+    step. Returns scores (N, K), the flat source row (among N*k) of each new beam (N*K,) and its
+    new token (N*K,).
     """
     N, C = top_score.shape
     open_ = (top_tok != EOS_ID) & torch.isfinite(top_score)  # (N, 2K)
@@ -287,7 +298,7 @@ def _next_beams(top_score: Tensor, top_beam: Tensor, top_tok: Tensor, K: int) ->
     scores = top_score.gather(1, pick)
     scores = torch.where(open_.gather(1, pick), scores, torch.full_like(scores, NEG_INF))
     beam_idx = top_beam.gather(1, pick)
-    flat = (torch.arange(N, device=top_score.device).unsqueeze(1) * K + beam_idx).view(-1)
+    flat = (torch.arange(N, device=top_score.device).unsqueeze(1) * k + beam_idx).view(-1)
     tokens = top_tok.gather(1, pick).view(-1)
     # a closed slot (no open candidate left) gets PAD so it never looks like EOS to the n-gram rule
     tokens = torch.where(torch.isfinite(scores.view(-1)), tokens, torch.full_like(tokens, PAD_ID))

@@ -3,14 +3,21 @@
 ``train(config, run_dir)`` reads ``<run>/bin`` through memory-mapped ``ParallelSplit``s (memory
 does not grow with the corpus), builds the model, and loops over optimizer updates (see
 ``nmt.trainer``) until the first of ``max_steps`` / ``max_epochs`` / ``max_time`` /
-early stopping (``patience`` evaluations without a validation BLEU gain). Every
-``eval_every`` updates — and once at the end — it validates and checkpoints.
+early stopping (``patience`` evaluations without a validation BLEU gain; ``nmt.stopping``).
+Every ``eval_every`` updates — and once at the end — it validates and checkpoints
+(``nmt.evalhook``).
 
-Re-running on a run directory with checkpoints resumes from the newest complete one and
-continues exactly as if it had never stopped: same data position, RNG states, optimizer
-and schedule (bit-identical on one process; with several ranks only rank 0's RNG is saved,
-the other ranks are reseeded from (seed, rank, step)). ``max_time`` counts the training
-time of all resumed invocations together.
+Re-running on a run directory with checkpoints resumes from the newest complete one
+(``nmt.resume``) and continues exactly as if it had never stopped: same data position, RNG
+states, optimizer and schedule (bit-identical on one process; with several ranks only rank
+0's RNG is saved, the other ranks are reseeded from (seed, rank, step)). ``max_time`` is a
+budget of training-loop wall time — updates, validation and checkpoint writes — summed over
+all resumed invocations (``nmt.stopping`` says exactly what counts).
+
+The pieces, one seam each: `TrainData` (this rank's batches, tokenizers, validator),
+`build_seeded` / `wrap` (the model), `resume_checkpoint` (resume), `StoppingRules` (when to
+stop), `EvalHook` (validation and checkpoints), `TrainLog` + `_Progress` (logging); `_Run`
+only wires them together and runs the loop.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +36,18 @@ from torch import nn
 
 from nmt import checkpoint as ckpt
 from nmt.batching import TokenBatchSampler, load_batch
-from nmt.config import Config, parse_duration
+from nmt.config import Config
 from nmt.device import check_precision, describe, resolve_device, set_threads
-from nmt.distributed import DistInfo, barrier, broadcast, init_distributed, teardown
-from nmt.errors import NmtError
+from nmt.distributed import DistInfo, barrier, init_distributed, teardown
+from nmt.evalhook import EvalHook
+from nmt.resume import reshard, resume_checkpoint
+from nmt.stopping import StoppingRules, check_stopping
 from nmt.trainer import StepResult, Trainer, TrainState
 from nmt.trainlog import TrainLog, format_values
 from nmt.validation import Validator
 
 ModelBuilder = Callable[[Config, int, int], nn.Module]
-STOP_CODES = {1: "max_time", 2: "patience"}
+__all__ = ["check_stopping", "fit", "train"]
 
 
 def train(config: Config, run_dir: Path, restart: bool = False) -> dict:
@@ -64,19 +74,12 @@ def fit(
     device = resolve_device(config.train.device)
     info, device = init_distributed(device)
     try:
-        run = _Run(config, Path(run_dir), device, info, restart, build, on_step)
-        return run.loop()
+        return _Run(config, Path(run_dir), device, info, restart, build).loop(on_step)
     finally:
         teardown()
 
 
-def check_stopping(config: Config) -> float:
-    """Seconds of the time budget (0 = none); NmtError when nothing would ever stop training."""
-    t = config.train
-    budget = parse_duration(t.max_time)
-    if not (t.max_steps or t.max_epochs or budget or t.patience):
-        raise NmtError("train: no stopping rule: set train.max_steps, max_epochs, max_time or patience")
-    return budget
+# --------------------------------------------------------------------------- data and model
 
 
 class _Stream:
@@ -97,7 +100,90 @@ class _Stream:
         return group
 
 
+@dataclass
+class TrainData:
+    """This rank's training batches, the run's tokenizers (None without a vocab) and, on rank 0, the validator."""
+
+    dataset: Any  # ParallelSplit of "train"
+    sampler: TokenBatchSampler
+    stream: _Stream
+    src_tok: Any
+    tgt_tok: Any
+    validator: Validator | None
+
+    @classmethod
+    def open(cls, config: Config, run_dir: Path, device: torch.device, info: DistInfo) -> TrainData:
+        from nmt.data import ParallelSplit
+
+        t = config.train
+        dataset = ParallelSplit.open(run_dir, "train", config)
+        sampler = TokenBatchSampler(
+            dataset.src_lengths, dataset.tgt_lengths, t.max_tokens, t.max_len,
+            seed=t.seed, rank=info.rank, world_size=info.world_size,
+        )  # fmt: skip
+        src_tok = tgt_tok = validator = None
+        if (run_dir / "vocab").is_dir():
+            from nmt.vocab import load_tokenizers
+
+            src_tok, tgt_tok = load_tokenizers(run_dir, config)
+        if info.is_main:
+            valid = ParallelSplit.open(run_dir, "valid", config)
+            validator = Validator(config, run_dir, valid, device, tgt_tok)
+        return cls(dataset, sampler, _Stream(sampler), src_tok, tgt_tok, validator)
+
+    def vocab_sizes(self, config: Config) -> tuple[int, int]:
+        """(source, target) vocabulary sizes: the tokenizers', else the config's."""
+        src = self.src_tok.vocab_size if self.src_tok else config.vocab.src_size
+        return src, self.tgt_tok.vocab_size if self.tgt_tok else config.vocab.tgt_size
+
+    def describe(self) -> str:
+        s = self.sampler
+        return (
+            f"data: {s.kept} pairs in {len(s.batches)} batches ({len(s)} per rank per epoch), "
+            f"{s.skipped} skipped (> train.max_len), padding waste {s.padding_waste:.1%}"
+        )
+
+
+def build_seeded(config: Config, vocab: tuple[int, int], device: torch.device, build: ModelBuilder | None) -> nn.Module:
+    """The model (`build`, default `nmt.model.build_model`) after seeding every generator with train.seed."""
+    if build is None:
+        from nmt.model import build_model as build
+    seed = config.train.seed
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return build(config, *vocab).to(device)
+
+
+def wrap(model: nn.Module, config: Config, info: DistInfo, device: torch.device) -> nn.Module:
+    """torch.compile (train.compile) and DistributedDataParallel (several ranks) around `model`."""
+    if config.train.compile:
+        model = torch.compile(model)
+    if info.world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [device.index] if device.type == "cuda" else None
+        model = DistributedDataParallel(model, device_ids=ids)
+    return model
+
+
+def describe_model(model: nn.Module) -> str:
+    """`nmt.model.model_summary`, or a parameter count for other modules."""
+    try:
+        from nmt.model import model_summary
+
+        return model_summary(model)
+    except (ImportError, AttributeError, TypeError):
+        n = sum(p.numel() for p in model.parameters())
+        return f"{type(model).__name__}: {n / 1e6:.2f}M parameters"
+
+
+# --------------------------------------------------------------------------- the loop
+
+
 class _Run:
+    """One invocation of training on one rank: set-up, then `loop()`."""
+
     def __init__(
         self,
         config: Config,
@@ -106,229 +192,120 @@ class _Run:
         info: DistInfo,
         restart: bool,
         build: ModelBuilder | None,
-        on_step: Callable[[StepResult], None] | None,
     ) -> None:
-        self.config, self.run_dir, self.device, self.info, self.on_step = config, run_dir, device, info, on_step
         t = config.train
-        self.budget = check_stopping(config)
+        self.config, self.device, self.info = config, device, info
+        self.rules = StoppingRules(config)
         check_precision(device, t.precision)
         set_threads(t.threads)
         self.ckpt_dir = run_dir / "checkpoints"
-        self.notes: list[str] = []
         if restart and info.is_main:
             ckpt.clear_checkpoints(self.ckpt_dir)
             shutil.rmtree(run_dir / "tb", ignore_errors=True)
         barrier()  # no rank may look for checkpoints before rank 0 has cleared them
-        self._open_data()
-        self.model = self._build_model(build)
-        resumed = self._resume()
-        self.wrapped = self._wrap(self.model)
-        self.trainer = Trainer(self.wrapped, t, device)
-        if resumed is not None:
-            self.trainer.load_state_dict(resumed[1], restore_rng=info.is_main)
-            self._check_world_size(resumed[1].get("world_size", 1))
+        self.data = TrainData.open(config, run_dir, device, info)
+        self.model = build_seeded(config, self.data.vocab_sizes(config), device, build)
+        self.resumed = resume_checkpoint(self.model, self.ckpt_dir)
+        self.trainer = Trainer(wrap(self.model, config, info, device), t, device)
+        if self.resumed.state is not None:
+            self.trainer.load_state_dict(self.resumed.state, restore_rng=info.is_main)
+            note = reshard(self.trainer.state, self.resumed.state.get("world_size", 1), info.world_size)
+            self.resumed.notes += [note] if note else []
         if not info.is_main:
             torch.manual_seed(t.seed + 7919 * info.rank + self.trainer.state.step)
         self.state = self.trainer.state
-        total = t.max_steps or None
-        self.log = TrainLog(run_dir, info.is_main, total, self.state.step)
-        self.resumed_from = resumed[0] if resumed else None
+        self.log = TrainLog(run_dir, info.is_main, t.max_steps or None, self.state.step)
+        self.evaluate = EvalHook(config, self.ckpt_dir, self.data.validator, self.log, info.world_size)
 
-    # ----------------------------------------------------------------- set-up
-
-    def _open_data(self) -> None:
-        from nmt.data import ParallelSplit
-
-        t, info = self.config.train, self.info
-        self.train_ds = ParallelSplit.open(self.run_dir, "train", self.config)
-        self.sampler = TokenBatchSampler(
-            self.train_ds.src_lengths, self.train_ds.tgt_lengths, t.max_tokens, t.max_len,
-            seed=t.seed, rank=info.rank, world_size=info.world_size,
-        )  # fmt: skip
-        self.stream = _Stream(self.sampler)
-        self.src_tok = self.tgt_tok = None
-        if (self.run_dir / "vocab").is_dir():
-            from nmt.vocab import load_tokenizers
-
-            self.src_tok, self.tgt_tok = load_tokenizers(self.run_dir, self.config)
-        self.validator = None
-        if info.is_main:
-            valid = ParallelSplit.open(self.run_dir, "valid", self.config)
-            self.validator = Validator(self.config, self.run_dir, valid, self.device, self.tgt_tok)
-
-    def _build_model(self, build: ModelBuilder | None) -> nn.Module:
-        if build is None:
-            from nmt.model import build_model as build
-        src_v = self.src_tok.vocab_size if self.src_tok else self.config.vocab.src_size
-        tgt_v = self.tgt_tok.vocab_size if self.tgt_tok else self.config.vocab.tgt_size
-        seed = self.config.train.seed
-        random.seed(seed)
-        np.random.seed(seed)
-        torch.manual_seed(seed)
-        return build(self.config, src_v, tgt_v).to(self.device)
-
-    def _resume(self) -> tuple[Path, dict] | None:
-        """Load the newest checkpoint whose files read back completely; skip broken ones."""
-        for weights in ckpt.complete_checkpoints(self.ckpt_dir):
-            try:
-                tensors, _ = ckpt.load_weights(weights)
-                state = ckpt.load_trainer_state(weights)
-            except (NmtError, RuntimeError, OSError, EOFError, ValueError) as e:
-                self.notes.append(f"skipping unreadable checkpoint {weights.name}: {e}")
-                continue
-            try:
-                self.model.load_state_dict(tensors)
-            except RuntimeError as e:
-                first = str(e).strip().splitlines()[-1].strip()
-                raise NmtError(f"{weights}: does not fit the configured model ({first}); use --restart") from None
-            return weights, state
-        return None
-
-    def _check_world_size(self, saved: int) -> None:
-        """A different rank count reshards the data: continue from the start of the next epoch."""
-        if saved != self.info.world_size and self.trainer.state.batch_in_epoch:
-            self.notes.append(
-                f"resuming on {self.info.world_size} ranks (saved with {saved}): data restarts at the next epoch"
-            )
-            self.trainer.state.epoch += 1
-            self.trainer.state.batch_in_epoch = 0
-
-    def _wrap(self, model: nn.Module) -> nn.Module:
-        if self.config.train.compile:
-            model = torch.compile(model)
-        if self.info.world_size > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            model = DistributedDataParallel(model, device_ids=ids)
-        return model
-
-    def _describe(self) -> None:
-        try:
-            from nmt.model import model_summary
-
-            text = model_summary(self.model)
-        except (ImportError, AttributeError, TypeError):
-            n = sum(p.numel() for p in self.model.parameters())
-            text = f"{type(self.model).__name__}: {n / 1e6:.2f}M parameters"
-        s = self.sampler
-        for note in self.notes:
-            self.log.line(note)
-        self.log.line(text)
-        self.log.line(f"device: {describe(self.device, self.config.train.precision)}, ranks {self.info.world_size}")
-        self.log.line(
-            f"data: {s.kept} pairs in {len(s.batches)} batches ({len(s)} per rank per epoch), "
-            f"{s.skipped} skipped (> train.max_len), padding waste {s.padding_waste:.1%}"
-        )
-        if self.resumed_from is not None:
-            self.log.line(f"resumed from {self.resumed_from} (step {self.state.step}, epoch {self.state.epoch})")
-
-    # ----------------------------------------------------------------- loop
-
-    def loop(self) -> dict:
+    def loop(self, on_step: Callable[[StepResult], None] | None = None) -> dict:
+        """Update until a stopping rule fires, validate/checkpoint once more; the summary (rank 0)."""
+        self.on_step = on_step
         with self.log:
             self._describe()
-            self.t0, self.elapsed0, self.train_s, self.tokens0 = time.monotonic(), self.state.elapsed, 0.0, 0
-            self.window = _Window()
-            stop = self._limit_reached()
+            self.progress = _Progress(self.log, self.config.train.log_every, len(self.data.sampler))
+            self.rules.start_clock(self.state)
+            stop = self.rules.before_update(self.state)
             while stop is None:
                 self._one_update()
-                stop = self._limit_reached() or self._after_update()
+                evaluated = self.evaluate.due(self.state.step, self.state.last_eval_step)
+                if evaluated:
+                    self._evaluate()
+                after = self.rules.after_update(self.state, evaluated, self.device, self.info.world_size)
+                stop = self.rules.before_update(self.state) or after
             if self.state.last_eval_step != self.state.step or ckpt.latest_checkpoint(self.ckpt_dir) is None:
-                self._evaluate_and_save()
+                self._evaluate()
             barrier()
-            self.log.line(f"stopped: {stop} at step {self.state.step}")
+            self.log.line(self.rules.describe(stop, self.state))
         return self._summary(stop) if self.info.is_main else {}
 
+    def _evaluate(self) -> None:
+        self.evaluate(self.model, self.trainer, lambda: self.rules.tick(self.state))
+
     def _one_update(self) -> None:
-        t = self.config.train
+        s = self.state
         start = time.monotonic()
-        group = self.stream.take(self.state, t.update_freq)
-        result = self.trainer.update([load_batch(self.train_ds, idx) for idx in group])
-        self.train_s += time.monotonic() - start
-        self.state.tokens += result.tokens
-        self.tokens0 += result.tokens
-        self.state.elapsed = self.elapsed0 + time.monotonic() - self.t0
+        group = self.data.stream.take(s, self.config.train.update_freq)
+        result = self.trainer.update([load_batch(self.data.dataset, idx) for idx in group])
+        seconds = time.monotonic() - start
+        s.tokens += result.tokens
         if self.on_step is not None:
             self.on_step(result)
-        if result.skipped:
-            self.log.line(f"step {self.state.step + 1}: non-finite loss/gradient, update skipped "
-                          f"({self.state.nonfinite_run} in a row)")  # fmt: skip
-            return
-        self.window.add(result)
-        speed = self.tokens0 / max(self.train_s, 1e-9)
-        self.log.advance(self.state.step, f"loss {result.loss:.3f} lr {result.lr:.2e} {speed:,.0f} tok/s")
-        if self.state.step % t.log_every == 0:
-            self._log_train()
+        self.progress.record(result, seconds, s)
 
-    def _log_train(self) -> None:
-        values = self.window.values()
-        self.window = _Window()
-        values["epoch"] = self.state.epoch + self.state.batch_in_epoch / max(len(self.sampler), 1)
-        self.log.scalars("train", values, self.state.step)
-        self.log.line(f"step {self.state.step} | " + format_values(values))
-
-    def _limit_reached(self) -> str | None:
-        t, s = self.config.train, self.state
-        if t.max_steps and s.step >= t.max_steps:
-            return "max_steps"
-        if t.max_epochs and s.epoch >= t.max_epochs:
-            return "max_epochs"
-        return None
-
-    def _after_update(self) -> str | None:
-        """Evaluate on schedule; agree across ranks on time/patience stops (rank 0 decides)."""
-        t, s = self.config.train, self.state
-        code = 0
-        if s.step > 0 and s.step % t.eval_every == 0 and s.last_eval_step != s.step:
-            self._evaluate_and_save()
-            if t.patience and s.bad_evals >= t.patience:
-                code = 2
-        if self.budget and s.elapsed >= self.budget:
-            code = code or 1
-        if self.info.world_size > 1:
-            code = int(broadcast(torch.tensor([code], device=self.device)).item())
-        return STOP_CODES.get(code)
-
-    # ----------------------------------------------------------------- validation, checkpoints
-
-    def _evaluate_and_save(self) -> None:
-        s = self.state
-        s.last_eval_step = s.step
-        if not self.info.is_main:
-            return
-        result = self.validator.run(self.model)
-        if result["bleu"] > s.best_bleu:
-            s.best_bleu, s.best_step, s.bad_evals = result["bleu"], s.step, 0
-            ckpt.save_best(self.ckpt_dir, self.model, self.config, s.step, result["bleu"])
-        else:
-            s.bad_evals += 1
-        self.last_valid = result
-        values = {k: result[k] for k in ("loss", "ppl", "bleu", "chrf")}
-        self.log.scalars("valid", values, s.step)
-        self.log.line(f"valid step {s.step} | {format_values(values)} | best bleu {s.best_bleu:.2f} @ {s.best_step}")
-        for i, (src, hyp, ref) in enumerate(result["samples"]):
-            self.log.line(f"  sample {i + 1}: src: {src}\n            hyp: {hyp}\n            ref: {ref}")
-            self.log.text(f"samples/{i + 1}", f"src: {src}  \nhyp: {hyp}  \nref: {ref}", s.step)
-        s.elapsed = self.elapsed0 + time.monotonic() - self.t0
-        state = {**self.trainer.state_dict(), "world_size": self.info.world_size}
-        ckpt.save_checkpoint(self.ckpt_dir, s.step, self.model, state, self.config, self.config.train.keep_last)
+    def _describe(self) -> None:
+        for note in self.resumed.notes:
+            self.log.line(note)
+        self.log.line(describe_model(self.model))
+        self.log.line(f"device: {describe(self.device, self.config.train.precision)}, ranks {self.info.world_size}")
+        self.log.line(self.data.describe())
+        if self.resumed.path is not None:
+            self.log.line(f"resumed from {self.resumed.path} (step {self.state.step}, epoch {self.state.epoch})")
 
     def _summary(self, stop: str | None) -> dict:
-        s, valid = self.state, getattr(self, "last_valid", {})
+        s, valid = self.state, self.evaluate.last
         latest = ckpt.latest_checkpoint(self.ckpt_dir)
         return {
             "steps": s.step,
-            "epochs": round(s.epoch + s.batch_in_epoch / max(len(self.sampler), 1), 3),
+            "epochs": round(self.progress.epochs(s), 3),
             "best_bleu": s.best_bleu,
             "best_step": s.best_step,
             "valid_bleu": valid.get("bleu", s.best_bleu),
             "valid_loss": valid.get("loss", float("nan")),
-            "tokens_per_s": self.tokens0 / max(self.train_s, 1e-9),
+            "tokens_per_s": self.progress.speed,
+            "elapsed_s": s.elapsed,  # training-loop wall time over all invocations (what max_time limits)
             "nonfinite": s.nonfinite_total,
             "stopped": stop or "",
             "checkpoint": str(latest) if latest else "",
         }
+
+
+class _Progress:
+    """Per-update output: the bar (loss, lr, speed), skipped-update lines, train/* scalars every log_every."""
+
+    def __init__(self, log: TrainLog, log_every: int, batches_per_epoch: int) -> None:
+        self.log, self.log_every, self.batches_per_epoch = log, log_every, max(batches_per_epoch, 1)
+        self.window, self.tokens, self.seconds = _Window(), 0, 0.0
+
+    @property
+    def speed(self) -> float:
+        """Target tokens per second of update time in this invocation (validation excluded)."""
+        return self.tokens / max(self.seconds, 1e-9)
+
+    def epochs(self, s: TrainState) -> float:
+        return s.epoch + s.batch_in_epoch / self.batches_per_epoch
+
+    def record(self, result: StepResult, seconds: float, s: TrainState) -> None:
+        self.tokens, self.seconds = self.tokens + result.tokens, self.seconds + seconds
+        if result.skipped:
+            self.log.line(f"step {s.step + 1}: non-finite loss/gradient, update skipped ({s.nonfinite_run} in a row)")
+            return
+        self.window.add(result)
+        self.log.advance(s.step, f"loss {result.loss:.3f} lr {result.lr:.2e} {self.speed:,.0f} tok/s")
+        if s.step % self.log_every == 0:
+            values, self.window = self.window.values(), _Window()
+            values["epoch"] = self.epochs(s)
+            self.log.scalars("train", values, s.step)
+            self.log.line(f"step {s.step} | " + format_values(values))
 
 
 class _Window:

@@ -46,7 +46,7 @@ class TrainState:
     nonfinite_run: int = 0  # non-finite losses in a row
     nonfinite_total: int = 0
     tokens: int = 0  # target tokens trained on (all ranks)
-    elapsed: float = 0.0  # training seconds, summed over resumed runs
+    elapsed: float = 0.0  # training-loop wall seconds (updates, validation, checkpoints), summed over resumed runs
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -12,8 +12,8 @@ needs the scores.
 
 N-best: `translate_nbest` returns each input's hypotheses as `(text, score)` lists, best first.
 `translate` and `translate_stream` return one string per input; with `nbest > 1` that string
-holds the n hypotheses joined by "\n" (best first), which is what `nmt translate --nbest`
-prints.
+holds n lines `score<TAB>text` (best first; score = the beam's length-normalised log-probability,
+4 decimals), which is what `nmt translate --nbest` prints: n lines per input.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 
 from nmt import BOS_ID, EOS_ID, PAD_ID
 from nmt.config import Config, load_config
-from nmt.device import resolve_device, resolve_precision
+from nmt.device import resolve_device
 from nmt.engines import ENGINES, NativeEngine
 from nmt.errors import NmtError
 
@@ -42,7 +42,7 @@ CHUNK_LINES = 2000  # lines read ahead (and sorted by length) by translate_strea
 class InferenceOptions:
     """Which model of a run, and how it decodes: one object for translate, eval and serve."""
 
-    run_dir: Path | None = None  # None: the default run (runs/latest)
+    run_dir: Path | None = None  # None: the newest run under runs/ with a model (nmt.runs.newest_model_run)
     checkpoint: Path | None = None  # None: the run's inference checkpoint (nmt.checkpoint)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "auto"  # auto | fp32 | bf16 | int8 (native engine)
@@ -105,47 +105,46 @@ class Translator:
         config: Config | None = None,
         engine: str = "native",
     ) -> Translator:
-        """Load `checkpoint` (default: final > best > latest of the run) with the run's vocabularies.
+        """Load `checkpoint` (default: `nmt.checkpoint.choose_inference_checkpoint`) with the run's vocabularies.
 
         The architecture comes from the checkpoint's stored config; the rest (data
         normalisation, decode settings) from `config`, else `<run>/config.yaml`, else the checkpoint.
+        Says on stderr which checkpoint (path, step, why) it loaded.
         """
-        from nmt.checkpoint import find_inference_checkpoint, load_weights
-        from nmt.model import build_model
+        from nmt.checkpoint import choose_inference_checkpoint, describe_checkpoint, load_weights
         from nmt.vocab import load_tokenizers
 
         run_dir = Path(run_dir)
-        path = Path(checkpoint) if checkpoint is not None else find_inference_checkpoint(run_dir)
-        state, stored = load_weights(path)
-        saved = run_dir / "config.yaml"
-        if config is None:
-            config = load_config(saved) if saved.is_file() else stored
-        config = dataclasses.replace(config, model=dataclasses.replace(stored.model))
-        dev = resolve_device(device)
-        if config.model.attention == "flash" and dev.type != "cuda":
-            config.model.attention = "auto"  # trained with flash on a GPU, decoded elsewhere
-        src_tok, tgt_tok = load_tokenizers(run_dir, config)
-        model = build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
-        try:
-            model.load_state_dict(state)
-        except RuntimeError as e:
-            first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
-            raise NmtError(f"{path}: does not fit the vocabularies in {run_dir / 'vocab'} ({first})") from None
         if engine not in ENGINES:
             raise NmtError(f"--engine {engine!r}: expected one of {' | '.join(ENGINES)}")
+        dev = resolve_device(device)
+        if engine == "ctranslate2" and checkpoint is not None and Path(checkpoint).is_dir():
+            from nmt.ct2 import CTranslate2Engine  # an `nmt export` directory: no PyTorch weights needed
+
+            ct2, src_tok, tgt_tok, config = CTranslate2Engine.from_export(checkpoint, config, dev, precision)
+            return cls(None, src_tok, tgt_tok, config, checkpoint=Path(checkpoint), engine=ct2)
+        choice = choose_inference_checkpoint(run_dir) if checkpoint is None else None
+        path = Path(checkpoint) if choice is None else choice.path
+        state, stored = load_weights(path)
+        config = _inference_config(run_dir, config, stored, dev)
+        src_tok, tgt_tok = load_tokenizers(run_dir, config)
         if engine == "ctranslate2":
             from nmt.ct2 import CTranslate2Engine  # optional extra nmt[ctranslate2]
 
             ct2 = CTranslate2Engine.from_checkpoint(run_dir, path, config, dev, precision)
-            return cls(None, src_tok, tgt_tok, config, checkpoint=path, engine=ct2)
-        return cls(model, src_tok, tgt_tok, config, dev, resolve_precision(dev, precision), path)
+            translator = cls(None, src_tok, tgt_tok, config, checkpoint=path, engine=ct2)
+        else:
+            model = _load_model(config, state, src_tok.vocab_size, tgt_tok.vocab_size, path)
+            translator = cls(model, src_tok, tgt_tok, config, dev, precision, path)  # the engine resolves 'auto'
+        print(describe_checkpoint(path, choice.reason if choice else "named explicitly"), file=sys.stderr)
+        return translator
 
     @classmethod
     def from_options(cls, opts: InferenceOptions, config: Config | None = None) -> Translator:
         """`from_run` with the model, device, precision and engine that `opts` names."""
         from nmt.runs import resolve_run
 
-        _, run = resolve_run(None, str(opts.run_dir) if opts.run_dir is not None else None)
+        _, run = resolve_run(None, str(opts.run_dir) if opts.run_dir is not None else None, need_model=True)
         return cls.from_run(run, opts.checkpoint, opts.device, opts.precision, config, opts.engine)
 
     # ----------------------------------------------------------------------- public API
@@ -153,7 +152,7 @@ class Translator:
     def translate(
         self, lines: list[str], beam: int | None = None, nbest: int = 1, len_penalty: float | None = None
     ) -> list[str]:
-        """One output string per input line (n-best joined by "\\n" when nbest > 1)."""
+        """One output string per input line (nbest > 1: n lines `score<TAB>text` joined by "\\n")."""
         return list(self.translate_stream(lines, beam=beam, nbest=nbest, len_penalty=len_penalty))
 
     def translate_nbest(
@@ -175,17 +174,23 @@ class Translator:
         for line in lines:
             chunk.append(line.rstrip("\r\n"))
             if len(chunk) >= chunk_lines:
-                yield from self._join(self._translate_chunk(chunk, first, beam, nbest, len_penalty))
+                yield from self._join(self._translate_chunk(chunk, first, beam, nbest, len_penalty), nbest)
                 first, chunk = first + len(chunk), []
         if chunk:
-            yield from self._join(self._translate_chunk(chunk, first, beam, nbest, len_penalty))
+            yield from self._join(self._translate_chunk(chunk, first, beam, nbest, len_penalty), nbest)
 
     # ----------------------------------------------------------------------- internals
 
     @staticmethod
-    def _join(results: list[list[tuple[str, float]]]) -> Iterator[str]:
+    def _join(results: list[list[tuple[str, float]]], nbest: int) -> Iterator[str]:
+        """One string per input: the text; with nbest > 1, `nbest` lines `score<TAB>text`, best
+        first (a blank input gives `nbest` lines `nan<TAB>`), so every input has the same line count."""
         for hyps in results:
-            yield "\n".join(text for text, _ in hyps) if hyps else ""
+            if nbest == 1:
+                yield hyps[0][0] if hyps else ""
+                continue
+            rows = [f"{score:.4f}\t{text}" for text, score in hyps[:nbest]]
+            yield "\n".join(rows + ["nan\t"] * (nbest - len(rows)))
 
     def encode_sources(self, lines: list[str], first_line: int = 1) -> list[list[int]]:
         """Normalised, tokenised, truncated source pieces (no EOS) for each line; [] for blank lines."""
@@ -253,6 +258,30 @@ class Translator:
         self.stats.src_tokens += sum(len(s) + 1 for s in seqs)
         self.stats.tgt_tokens += sum(len(f[0][0]) for f in found if f)
         return found
+
+
+def _inference_config(run_dir: Path, config: Config | None, stored: Config, device: torch.device) -> Config:
+    """The run's config (or `config`) with the checkpoint's own model section, usable on `device`."""
+    saved = run_dir / "config.yaml"
+    if config is None:
+        config = load_config(saved) if saved.is_file() else stored
+    config = dataclasses.replace(config, model=dataclasses.replace(stored.model))
+    if config.model.attention == "flash" and device.type != "cuda":
+        config.model.attention = "auto"  # trained with flash on a GPU, decoded elsewhere
+    return config
+
+
+def _load_model(config: Config, state: dict, src_vocab: int, tgt_vocab: int, path: Path) -> torch.nn.Module:
+    """The Transformer of `config` with the weights `state` (read from `path`)."""
+    from nmt.model import build_model
+
+    model = build_model(config, src_vocab, tgt_vocab)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
+        raise NmtError(f"{path}: does not fit the vocabularies beside it ({first})") from None
+    return model
 
 
 def _clean(tokens: list[int]) -> list[int]:

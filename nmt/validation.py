@@ -1,5 +1,11 @@
 """Validation during training: loss/perplexity on the validation split, greedy BLEU/chrF.
 
+The loss covers every validation pair the model can take: pairs longer than
+``train.max_len`` (a limit for training batches) are included; only pairs with a side
+longer than ``model.max_positions - 1`` pieces cannot be scored, and those are counted
+(``skipped`` in the result; train.log says so). Like training, a `Transformer` computes
+logits at the real target positions only (the ``keep`` path, packed (N, V)).
+
 BLEU and chrF come from greedy decoding of a fixed (seeded) subset of ``train.eval_sentences``
 validation sentences, detokenised with the target tokenizer and scored with
 ``nmt.evaluate.score`` against the raw references in ``<run>/corpus/valid.en``. Runs without
@@ -17,8 +23,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from nmt import EOS_ID, PAD_ID
-from nmt.batching import TokenBatchSampler, load_batch
+from nmt import PAD_ID
+from nmt.batching import TokenBatchSampler, load_batch, pad_sources
+from nmt.checkpoint import unwrap
 from nmt.config import Config
 from nmt.device import autocast
 from nmt.objective import label_smoothed_nll
@@ -29,10 +36,11 @@ DECODE_BATCH = 64
 class Validator:
     def __init__(self, config: Config, run_dir: Path, dataset: Any, device: torch.device, tgt_tokenizer: Any = None):
         self.config, self.dataset, self.device, self.tokenizer = config, dataset, device, tgt_tokenizer
-        t = config.train
-        self.sampler = TokenBatchSampler(
-            dataset.src_lengths, dataset.tgt_lengths, t.max_tokens, t.max_len, seed=t.seed, shuffle=False
-        )
+        t, longest = config.train, config.model.max_positions - 1  # + BOS/EOS = max_positions
+        # every pair up to the model's length limit, even if longer than train.max_len
+        budget = max(t.max_tokens, longest + 1)
+        lengths = dataset.src_lengths, dataset.tgt_lengths
+        self.sampler = TokenBatchSampler(*lengths, budget, longest, seed=t.seed, shuffle=False)
         n = min(t.eval_sentences, len(dataset))
         self.subset = np.sort(np.random.default_rng(t.seed).choice(len(dataset), size=n, replace=False))
         self.sources, self.refs = self._texts(Path(run_dir))
@@ -51,16 +59,31 @@ class Validator:
     def detok(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.use_text else _ids_text(ids)
 
+    @property
+    def pairs(self) -> int:
+        """Validation pairs the loss covers (all but `skipped`)."""
+        return self.sampler.kept
+
+    @property
+    def skipped(self) -> int:
+        """Pairs with a side longer than model.max_positions - 1 pieces (not in the loss)."""
+        return self.sampler.skipped
+
     @torch.no_grad()
     def loss(self, model: nn.Module) -> tuple[float, float]:
-        """(label-smoothed loss, NLL) per target token over the whole split."""
+        """(label-smoothed loss, NLL) per target token over every pair but the `skipped` ones."""
+        from nmt.model import Transformer
+
         model.eval()
+        packed = isinstance(unwrap(model), Transformer)  # logits at real target positions only
         total = torch.zeros(3, dtype=torch.float64)
         for idx in self.sampler.iter_epoch(0):
             src, tgt_in, tgt_out = (t.to(self.device) for t in load_batch(self.dataset, idx))
+            keep = tgt_out != PAD_ID  # (B, T)
             with autocast(self.device, self.config.train.precision):
-                logits = model(src, tgt_in)
-            loss, nll, n = label_smoothed_nll(logits, tgt_out, self.config.train.label_smoothing)
+                logits = model(src, tgt_in, keep) if packed else model(src, tgt_in)  # (N, V) or (B, T, V)
+            target = tgt_out[keep] if packed else tgt_out
+            loss, nll, n = label_smoothed_nll(logits, target, self.config.train.label_smoothing)
             total += torch.tensor([loss.item(), nll.item(), n], dtype=torch.float64)
         n = max(total[2].item(), 1.0)
         return total[0].item() / n, total[1].item() / n
@@ -77,7 +100,7 @@ class Validator:
         hyps: list[str] = [""] * len(srcs)
         for start in range(0, len(order), DECODE_BATCH):
             chunk = order[start : start + DECODE_BATCH]
-            src = _source_batch([srcs[i] for i in chunk]).to(self.device)
+            src = pad_sources([srcs[i] for i in chunk]).to(self.device)
             with autocast(self.device, self.config.train.precision):
                 out = greedy_search(model, src, max_len_a=d.max_len_a, max_len_b=d.max_len_b, min_len=d.min_len)
             for i, ids in zip(chunk, out, strict=True):
@@ -85,7 +108,7 @@ class Validator:
         return hyps
 
     def run(self, model: nn.Module) -> dict:
-        """Loss, perplexity, BLEU, chrF and three sample translations."""
+        """Loss, perplexity, BLEU, chrF, three sample translations, pairs in the loss and pairs skipped."""
         from nmt.evaluate import score
 
         loss, nll = self.loss(model)
@@ -94,17 +117,11 @@ class Validator:
         picks = np.linspace(0, len(hyps) - 1, num=min(3, len(hyps))).astype(int)
         samples = [(self.sources[i], hyps[i], self.refs[i]) for i in picks]
         ppl = math.exp(min(nll, 50.0))
-        return {"loss": loss, "ppl": ppl, "bleu": scores["bleu"], "chrf": scores["chrf"], "samples": samples}
+        return {
+            "loss": loss, "ppl": ppl, "bleu": scores["bleu"], "chrf": scores["chrf"], "samples": samples,
+            "pairs": self.pairs, "skipped": self.skipped,
+        }  # fmt: skip
 
 
 def _ids_text(ids: Any) -> str:
     return " ".join(str(int(i)) for i in ids)
-
-
-def _source_batch(seqs: list[np.ndarray]) -> torch.Tensor:
-    """Raw id sequences → (B, S) with EOS and right padding."""
-    out = torch.full((len(seqs), max(len(s) for s in seqs) + 1), PAD_ID, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        out[i, : len(s)] = torch.as_tensor(np.asarray(s, dtype=np.int64))
-        out[i, len(s)] = EOS_ID
-    return out

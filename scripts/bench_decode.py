@@ -1,19 +1,26 @@
 #!/usr/bin/env python
-"""Decoding speed and quality of a trained run, on a fixed seeded subset of its test split.
+"""Decoding speed side by side: nmt's native engine against CTranslate2, same weights, same sentences.
 
-For each precision (fp32, bf16 autocast, int8 dynamic quantisation of the linear layers)
-and batch size, runs greedy and beam search and prints sentences/s, target tokens/s and
-BLEU, so that no speed-up silently costs quality. Time is the model's own search time after
-loading (tokenisation included, file I/O excluded), as the peers' own timers report it.
+One run, one table: native fp32 / bf16 / int8 and CTranslate2 float32 / int8 (the same checkpoint,
+exported with nmt/ct2.py), greedy and beam search, each batch size, on a seeded subset of the
+run's test split. Every row carries its BLEU, so that no speed-up silently costs quality, and its
+ratio to CTranslate2 float32 at the same batch size and search — the headline, because absolute
+figures move with the machine. Repetitions are interleaved (every engine once, then again) and
+the best is kept, which evens out a machine shared with other work.
 
-    python scripts/bench_decode.py --run runs/small
-    python scripts/bench_decode.py --run runs/small --batches 64 --precisions fp32,int8
+Time is wall time of `Translator.translate` (normalisation, tokenisation, batching, search,
+detokenisation: the same text work for both engines). The CTranslate2 baseline is given whole
+length-sorted batches (one `translate_batch` call per batch, the longest sentence's length
+limit, outputs cut to each sentence's own limit), as a CTranslate2 user would call it;
+`--ct2-engine` times nmt's own CTranslate2 engine instead.
+
+    python scripts/bench_decode.py --run runs/small --threads 2
+    python scripts/bench_decode.py --run runs/small --batches 64 --rows native:fp32,ctranslate2:fp32
 """
 
 from __future__ import annotations
 
 import argparse
-import platform
 import random
 import sys
 import time
@@ -23,23 +30,28 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nmt.device import fast_bf16_available  # noqa: E402
+from nmt.checkpoint import find_inference_checkpoint  # noqa: E402
+from nmt.device import cpu_model  # noqa: E402
 from nmt.evaluate import read_lines, score  # noqa: E402
 from nmt.translate import Translator  # noqa: E402
+
+ROWS = "native:fp32,native:bf16,native:int8,ctranslate2:fp32,ctranslate2:int8"
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", type=Path, default=Path("runs/small"))
-    p.add_argument("--checkpoint", type=Path, default=None)
+    p.add_argument("--checkpoint", type=Path, default=None, help="default: the run's inference checkpoint")
     p.add_argument("--sentences", type=int, default=2000, help="size of the seeded test subset")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--batches", default="1,16,64", help="comma-separated batch sizes")
     p.add_argument("--batch1-sentences", type=int, default=200, help="subset size at batch 1 (slow)")
-    p.add_argument("--precisions", default="fp32,bf16,int8")
+    p.add_argument("--rows", default=ROWS, help="engine:precision pairs")
     p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--threads", type=int, default=0, help="0 = all cores")
-    p.add_argument("--force-bf16", action="store_true", help="run bf16 even where it is emulated (very slow)")
+    p.add_argument("--repeats", type=int, default=2, help="interleaved repetitions; the best is kept")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--export-dir", type=Path, default=None, help="CTranslate2 export (default: the run's cache)")
+    p.add_argument("--ct2-engine", action="store_true", help="time nmt's CTranslate2 engine, not whole batches")
     return p.parse_args()
 
 
@@ -50,68 +62,105 @@ def subset(run: Path, n: int, seed: int) -> tuple[list[str], list[str]]:
     return [src[i] for i in idx], [ref[i] for i in idx]
 
 
-def load(args: argparse.Namespace, precision: str) -> Translator:
-    tr = Translator.from_run(
-        args.run, checkpoint=args.checkpoint, device="cpu", precision="bf16" if precision == "bf16" else "fp32"
-    )
-    if precision == "int8":
-        tr.model.split_projections()  # sliced and tied weights as nn.Linear, so that they are quantised too
-        tr.model = torch.ao.quantization.quantize_dynamic(tr.model, {torch.nn.Linear}, dtype=torch.qint8)
-        tr.engine.model = tr.model
-        n_int8 = sum(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in tr.model.modules())
-        n_fp32 = sum(type(m) is torch.nn.Linear for m in tr.model.modules())
-        print(f"# int8: {n_int8} dynamic int8 linear layers, {n_fp32} fp32 linear layers left", flush=True)
-    return tr
+def ct2_engine(args: argparse.Namespace, native: Translator, precision: str) -> object:
+    """CTranslate2 on the same checkpoint (exported once by nmt/ct2.py), in `precision`."""
+    from nmt import ct2
+
+    source = ct2._resolve_source(args.run, native.checkpoint)
+    out = args.export_dir / native.checkpoint.stem if args.export_dir else None
+    model_dir = ct2.ensure_export(source, out, None)
+    cls = ct2.CTranslate2Engine if args.ct2_engine else _whole_batches(ct2.CTranslate2Engine)
+    return cls(model_dir, native.config.decode, torch.device("cpu"), precision)
 
 
-def measure(tr: Translator, src: list[str], ref: list[str], batch: int, beam: int) -> dict:
-    tr.config.decode.batch_size = batch
-    tr.config.decode.max_tokens = 1 << 30
-    tr.translate(src[: min(len(src), 2 * batch)], beam=beam)  # warm-up
-    tr.stats.reset()
+def _whole_batches(base: type) -> type:
+    class WholeBatches(base):  # type: ignore[misc, valid-type]
+        """One translate_batch call per batch, at the longest sentence's limit."""
+
+        def search(self, seqs, beam, nbest, len_penalty, greedy):  # noqa: ANN001, ANN202
+            limits = [self.max_len(len(s)) for s in seqs]
+            results = self._translate(seqs, max(limits), beam, nbest, len_penalty, greedy)
+            return [
+                [(self._ids(h, limit), float("nan")) for h in r.hypotheses]
+                for r, limit in zip(results, limits, strict=True)
+            ]
+
+    return WholeBatches
+
+
+def load(args: argparse.Namespace) -> dict[str, Translator | str]:
+    """One Translator per row of `--rows` (or the reason it cannot run, as a string)."""
+    loaded: dict[str, Translator | str] = {}
+    native = None
+    for row in args.rows.split(","):
+        engine, precision = row.split(":")
+        try:
+            if engine == "native":
+                loaded[row] = Translator.from_run(args.run, args.checkpoint, device="cpu", precision=precision)
+                native = native or loaded[row]
+            else:
+                base = native or Translator.from_run(args.run, args.checkpoint, device="cpu", precision="fp32")
+                eng = ct2_engine(args, base, precision)
+                tokenizers = (base.src_tok, base.tgt_tok)
+                loaded[row] = Translator(None, *tokenizers, base.config, checkpoint=base.checkpoint, engine=eng)
+        except Exception as e:  # noqa: BLE001 - a row that cannot run is reported, the others go on
+            loaded[row] = f"skipped: {str(e).splitlines()[0][:90]}"
+    return loaded
+
+
+def measure(tr: Translator, src: list[str], batch: int, beam: int) -> tuple[float, list[str]]:
+    """Sentences per second (wall) and the outputs of one pass over `src`."""
+    tr.config.decode.batch_size, tr.config.decode.max_tokens = batch, 1 << 30
     start = time.perf_counter()
     hyps = tr.translate(src, beam=beam)
-    wall = time.perf_counter() - start
-    seconds = tr.stats.seconds or wall
-    return {
-        "sent_s": len(src) / seconds,
-        "tok_s": tr.stats.tgt_tokens / seconds,
-        "bleu": score(hyps, ref)["bleu"],
-        "n": len(src),
-    }
+    return len(src) / (time.perf_counter() - start), hyps
 
 
 def main() -> None:
     args = parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
+    args.checkpoint = args.checkpoint or find_inference_checkpoint(args.run)
     src, ref = subset(args.run, args.sentences, args.seed)
-    batches = [int(b) for b in args.batches.split(",")]
+    rows = load(args)
+    try:
+        import ctranslate2
+
+        ct2_version = ctranslate2.__version__
+    except ImportError:
+        ct2_version = "not installed"
     print(
-        f"# bench_decode: run={args.run} subset={len(src)} seed={args.seed} torch={torch.__version__} "
-        f"threads={torch.get_num_threads()} cpu={platform.processor() or platform.machine()} "
-        f"fast_bf16={fast_bf16_available(torch.device('cpu'))} date={time.strftime('%Y-%m-%d')}"
+        f"# bench_decode {time.strftime('%Y-%m-%d %H:%M')} | run={args.run} checkpoint={args.checkpoint.name} "
+        f"| subset={len(src)} (batch 1: {min(len(src), args.batch1_sentences)}) seed={args.seed} "
+        f"| threads={torch.get_num_threads()} | CPU: {cpu_model()} | torch {torch.__version__}, "
+        f"ctranslate2 {ct2_version} | best of {args.repeats} interleaved | "
+        f"CTranslate2 baseline: {'nmt engine' if args.ct2_engine else 'whole batches'}"
     )
-    print()
-    print("| precision | batch | search | sentences | sentences/s | target tokens/s | BLEU |")
-    print("|---|---:|---|---:|---:|---:|---:|")
-    fast_bf16 = fast_bf16_available(torch.device("cpu"))
-    for precision in args.precisions.split(","):
-        if precision == "bf16" and not fast_bf16 and not args.force_bf16:
-            print(
-                "| bf16 | | | | skipped: no native bf16 on this CPU (emulated, ~150x slower than fp32); "
-                "--force-bf16 runs it | | |",
-                flush=True,
-            )
-            continue
-        tr = load(args, precision)
-        for batch in batches:
-            n = args.batch1_sentences if batch == 1 else len(src)
-            for name, beam in (("greedy", 1), (f"beam {args.beam}", args.beam)):
-                r = measure(tr, src[:n], ref[:n], batch, beam)
+    for row, tr in rows.items():
+        if isinstance(tr, str):
+            print(f"# {row}: {tr}")
+    live = {row: tr for row, tr in rows.items() if not isinstance(tr, str)}
+    warm = src[:32]
+    for tr in live.values():
+        tr.translate(warm, beam=args.beam)
+    print("\n| batch | search | engine | precision | sentences/s | × CTranslate2 fp32 | BLEU |")
+    print("|---:|---|---|---|---:|---:|---:|")
+    for batch in (int(b) for b in args.batches.split(",")):
+        n = min(len(src), args.batch1_sentences) if batch == 1 else len(src)
+        for search, beam in ((f"beam {args.beam}", args.beam), ("greedy", 1)):
+            best: dict[str, float] = {}
+            bleu: dict[str, float] = {}
+            for _ in range(args.repeats):
+                for row, tr in live.items():
+                    speed, hyps = measure(tr, src[:n], batch, beam)
+                    best[row] = max(best.get(row, 0.0), speed)
+                    bleu.setdefault(row, score(hyps, ref[:n])["bleu"])
+            base = best.get("ctranslate2:fp32")
+            for row in live:
+                engine, precision = row.split(":")
+                ratio = f"{best[row] / base:.2f}" if base else "–"
                 print(
-                    f"| {precision} | {batch} | {name} | {r['n']} | {r['sent_s']:.1f} | {r['tok_s']:.0f} "
-                    f"| {r['bleu']:.2f} |",
+                    f"| {batch} | {search} | {engine} | {live[row].precision} | {best[row]:.1f} | {ratio} "
+                    f"| {bleu[row]:.2f} |",
                     flush=True,
                 )
 

@@ -70,7 +70,7 @@ def prepare_data(args: argparse.Namespace) -> None:
     from nmt.vocab import build_vocab
 
     config = reference_config("fp32-sdpa")
-    init_run(config, args.run)
+    init_run(config, args.run, latest=False)  # a benchmark never becomes the default run
     prepare_corpus(config, args.run, mirror=args.mirror)
     build_vocab(config, args.run)
 

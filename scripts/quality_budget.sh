@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Quality at a budget: train configs/small.yaml for a wall-clock budget (training time only),
+# Quality at a budget: train configs/small.yaml for a budget of training-loop wall time
+# (train.max_time: updates, validation and checkpoint writes; not download/vocab/select/eval),
 # average the last checkpoints, keep the better of averaged/best on the validation split, then
 # evaluate beam search on the Tatoeba test and print BLEU/chrF overall and per script code.
 #

@@ -118,7 +118,7 @@ def fake_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1)):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_flash_packing_matches_math_with_a_reference_kernel(case, monkeypatch):
-    monkeypatch.setattr(attention, "_load_varlen", lambda: fake_varlen)
+    monkeypatch.setattr(attention, "_load_varlen", lambda: fake_varlen)  # window_size signature
     spec = CASES[case]
     B, T, S, dk = 4, 6, 8, D // H
     q = torch.randn(B, T, H, dk, requires_grad=True)
@@ -139,10 +139,12 @@ def test_flash_packing_matches_math_with_a_reference_kernel(case, monkeypatch):
 # --------------------------------------------------------------------------- backend choice
 
 
-def test_resolve_backend():
+def test_resolve_backend(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_backend("auto", cpu, torch.float32) == "sdpa"
-    assert resolve_backend("auto", cpu, torch.bfloat16) == "sdpa"
+    measured = {torch.float32: "sdpa", torch.bfloat16: "math"}
+    monkeypatch.setattr(attention, "_cpu_choice", lambda dtype, head_dim, grad: measured[dtype])
+    assert resolve_backend("auto", cpu, torch.float32) == "sdpa"  # on a CPU: what the probe measured
+    assert resolve_backend("auto", cpu, torch.bfloat16) == "math"
     assert resolve_backend("auto", cuda, torch.bfloat16) == "flash"
     assert resolve_backend("auto", cuda, torch.float16) == "flash"
     assert resolve_backend("auto", cuda, torch.float32) == "sdpa"
@@ -184,3 +186,37 @@ def test_flash_matches_math_on_cuda(case):
     torch.testing.assert_close(out_f[real].float(), out_m[real], atol=3e-2, rtol=3e-2)
     for gf, gm in zip(grads_f[:2], grads_m[:2], strict=True):
         torch.testing.assert_close(gf.float(), gm, atol=3e-2, rtol=3e-2)
+
+
+def test_cpu_auto_backend_is_the_faster_one_measured():
+    assert attention.faster_dense_backend(torch.float32, 16, grad=True, shape=(2, 2, 8)) in ("math", "sdpa")
+    assert attention.faster_dense_backend(torch.bfloat16, 16, grad=False, shape=(2, 2, 8)) in ("math", "sdpa")
+
+
+def test_varlen_signature_is_adapted_or_refused(monkeypatch):
+    """torch 2.13 takes window_size, 2.9-2.10 is_causal; anything else runs sdpa instead of flash."""
+    calls = []
+
+    def new_style(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1)):
+        calls.append(window_size)
+
+    def old_style(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False):
+        calls.append(is_causal)
+
+    for fn, expected in ((new_style, [(-1, 0), (-1, -1)]), (old_style, [True, False])):
+        calls.clear()
+        monkeypatch.setattr(attention, "_load_varlen", lambda fn=fn: fn)
+        kernel = attention.varlen_kernel()
+        kernel(*[None] * 7, True)
+        kernel(*[None] * 7, False)
+        assert calls == expected
+    monkeypatch.setattr(attention, "_load_varlen", lambda: lambda q, k, v, cu_q, cu_k, max_q, max_k, mode: None)
+    assert attention.varlen_kernel() is None
+    assert resolve_backend("flash", torch.device("cuda"), torch.bfloat16) == "sdpa"
+    monkeypatch.setattr(attention, "_load_varlen", lambda: None)  # torch < 2.9
+    assert resolve_backend("auto", torch.device("cuda"), torch.bfloat16) == "sdpa"
+
+
+def test_installed_torch_varlen_signature_is_known():
+    pytest.importorskip("torch.nn.attention.varlen")
+    assert attention.varlen_kernel() is not None

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from nmt import BOS_ID, EOS_ID, PAD_ID
-from nmt.batching import TokenBatchSampler, collate, load_batch
+from nmt.batching import TokenBatchSampler, collate, load_batch, pad_sources
 from nmt.errors import NmtError
 
 
@@ -124,3 +124,15 @@ def test_padding_waste_matches_collated_batches():
         slots += src.numel() + tgt_out.numel()
     assert sampler.padding_waste == pytest.approx(pad / slots)
     assert sampler.kept == len(pairs)
+
+
+def test_pad_sources_is_the_one_source_batch():
+    from nmt import engines
+
+    seqs = [[5, 6, 7], [8], []]
+    src = pad_sources(seqs)
+    assert src.tolist() == [[5, 6, 7, EOS_ID], [8, EOS_ID, PAD_ID, PAD_ID], [EOS_ID, PAD_ID, PAD_ID, PAD_ID]]
+    assert src.dtype == torch.long
+    assert engines.pad_sources is pad_sources  # the decoding engines use the same function
+    pairs = [(np.array(s, dtype=np.int32), np.array([9], dtype=np.int32)) for s in seqs]
+    assert torch.equal(collate(pairs)[0], src)  # and so does training's collate

@@ -108,7 +108,7 @@ def test_average_last_is_the_mean(tmp_path, tiny_config):
     d = tmp_path / "checkpoints"
     pa = ckpt.save_checkpoint(d, 1, a, state, tiny_config, keep_last=5)
     pb = ckpt.save_checkpoint(d, 2, b, state, tiny_config, keep_last=5)
-    out = ckpt.average_last(tmp_path, 2)
+    out = ckpt.average_last(tmp_path, 2).path
     assert out == d / "averaged.safetensors"
     averaged, _ = ckpt.load_weights(out)
     wa, wb = ckpt.load_weights(pa)[0], ckpt.load_weights(pb)[0]
@@ -121,3 +121,83 @@ def test_clear_checkpoints(tmp_path, model, tiny_config):
     ckpt.save_best(tmp_path, model, tiny_config, 1, 3.0)
     ckpt.clear_checkpoints(tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_stale_final_is_not_used_after_training_goes_on(tmp_path, model, tiny_config):
+    run, state = tmp_path / "run", trainer_state(model, tiny_config)
+    d = run / "checkpoints"
+    ckpt.save_checkpoint(d, 15, model, state, tiny_config, keep_last=2)
+    ckpt.save_best(d, model, tiny_config, 10, 1.0)
+    ckpt.write_final(d, d / "best.safetensors", "best")  # the pipeline's selection after step 15
+    choice = ckpt.choose_inference_checkpoint(run)
+    assert choice.path.name == "final.safetensors" and "after training step 15" in choice.reason
+    assert ckpt.read_metadata(choice.path)["trained_to"] == "15"
+    # `nmt train --set train.max_steps=200` goes on; best did not improve
+    ckpt.save_checkpoint(d, 200, model, state, tiny_config, keep_last=2)
+    choice = ckpt.choose_inference_checkpoint(run)
+    assert choice.path.name == "best.safetensors"
+    assert "stale" in choice.reason and "step 200" in choice.reason
+    assert ckpt.find_inference_checkpoint(run) == choice.path
+    (d / "best.safetensors").unlink()  # no best: the newest step checkpoint
+    assert ckpt.choose_inference_checkpoint(run).path.name == "step_200.safetensors"
+    ckpt.write_final(d, d / "step_200.safetensors", "averaged")  # selected again: current again
+    assert ckpt.choose_inference_checkpoint(run).path.name == "final.safetensors"
+
+
+def test_final_without_trained_to_is_judged_by_its_step(tmp_path, model, tiny_config):
+    run, state = tmp_path / "run", trainer_state(model, tiny_config)
+    d = run / "checkpoints"
+    ckpt.save_checkpoint(d, 15, model, state, tiny_config, keep_last=2)
+    ckpt.save_best(d, model, tiny_config, 15, 1.0)
+    (d / "final.safetensors").write_bytes((d / "step_15.safetensors").read_bytes())  # an older pipeline's copy
+    assert ckpt.find_inference_checkpoint(run).name == "final.safetensors"
+    ckpt.save_checkpoint(d, 30, model, state, tiny_config, keep_last=2)
+    ckpt.save_best(d, model, tiny_config, 30, 2.0)
+    assert ckpt.find_inference_checkpoint(run).name == "best.safetensors"
+
+
+def test_describe_checkpoint_names_path_and_step(tmp_path, model, tiny_config):
+    path = ckpt.save_checkpoint(tmp_path, 42, model, trainer_state(model, tiny_config), tiny_config, keep_last=1)
+    line = ckpt.describe_checkpoint(path, "newest step checkpoint")
+    assert line == f"loaded {path} (step 42; newest step checkpoint)"
+
+
+def test_average_last_with_fewer_kept_says_how_many(tmp_path, model, tiny_config):
+    state = trainer_state(model, tiny_config)
+    for step in (10, 20):
+        ckpt.save_checkpoint(tmp_path / "checkpoints", step, model, state, tiny_config, keep_last=2)
+    result = ckpt.average_last(tmp_path, 5)
+    assert result.steps == [10, 20] and result.requested == 5
+    assert "averaged 2 checkpoint(s) (steps 10, 20)" in result.message()
+    assert "--last 5 asked for 5, but the run keeps only 2" in result.message()
+    assert "asked for" not in ckpt.average_last(tmp_path, 2).message()
+
+
+def test_translate_loads_what_the_newest_training_made(tiny_run, mini_mirror, tmp_path):
+    """The issue's scenario: pipeline, then `nmt train --set train.max_steps=...` on the same run."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    def cli(*args: str):
+        result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+        assert result.exit_code == 0, result.stderr
+        return result
+
+    run = tmp_path / "tiny"
+    shutil.copytree(tiny_run, run)
+    trained = ckpt.checkpoint_step(ckpt.latest_checkpoint(run / "checkpoints"))
+    loaded = cli("translate", "--run", run, "我爱 AI").stderr
+    assert f"loaded {run / 'checkpoints' / 'final.safetensors'} (step" in loaded
+    assert f"after training step {trained}" in loaded
+    cli("train", "--run", run, "--set", f"train.max_steps={trained + 15}")
+    loaded = cli("translate", "--run", run, "我爱 AI").stderr.splitlines()
+    line = next(x for x in loaded if x.startswith("loaded "))
+    assert not line.startswith(f"loaded {run / 'checkpoints' / 'final.safetensors'}")
+    assert "stale" in line and f"training reached step {trained + 15}" in line
+    cli("pipeline", "--run", run, "--mirror", mini_mirror)  # selects again from the newest training
+    loaded = cli("eval", "--run", run, "--split", "valid", "--beam", "1").stderr
+    assert f"loaded {run / 'checkpoints' / 'final.safetensors'} (step" in loaded
+    assert f"after training step {trained + 15}" in loaded

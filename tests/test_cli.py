@@ -119,3 +119,24 @@ def test_translate_stdin_with_invalid_utf8_does_not_crash(tiny_run):
     result = runner.invoke(app, ["translate", "--run", str(tiny_run), "--beam", "1"], input=data)
     assert result.exit_code == 0, result.output
     assert len(result.stdout.split("\n")) >= 2
+
+
+def test_translate_nbest_prints_score_tab_text(tiny_run):
+    result = invoke("translate", "--run", str(tiny_run), "--beam", "3", "--nbest", "3", "我爱 AI", "", "你好。")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.rstrip("\n").split("\n")
+    assert len(lines) == 9  # K lines per input, blank inputs included
+    scores = [line.split("\t", 1)[0] for line in lines]
+    assert scores[3:6] == ["nan"] * 3
+    for first in (0, 6):
+        values = [float(s) for s in scores[first : first + 3]]
+        assert values == sorted(values, reverse=True) and all(v <= 0 for v in values)
+    assert "score<TAB>text" in invoke("translate", "--help").stdout
+
+
+def test_average_with_fewer_checkpoints_says_how_many(tiny_run, tmp_path):
+    out = tmp_path / "avg.safetensors"
+    result = invoke("average", "--run", str(tiny_run), "--last", "50", "--output", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert out.is_file()
+    assert "--last 50 asked for 50, but the run keeps only 2" in result.stdout  # tiny.yaml: keep_last 2

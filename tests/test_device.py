@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -81,3 +83,73 @@ def test_auto_precision_resolves_to_a_concrete_one():
     for p in ("fp32", "bf16"):
         assert resolve_precision(cpu, p) == p
     assert not grad_scaler(cpu, "auto").is_enabled()
+
+
+# --------------------------------------------------------------------------- decoding precision
+
+
+@pytest.fixture
+def probe_dir(tmp_path, monkeypatch):
+    """Probes cached in a fresh directory and a fresh process cache."""
+    import nmt.device as device
+
+    monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(device, "_PROBES", {})
+    return tmp_path
+
+
+def test_inference_precision_checks_the_device():
+    from nmt.device import resolve_inference_precision
+
+    cpu = torch.device("cpu")
+    for p in ("fp32", "bf16", "int8"):
+        assert resolve_inference_precision(cpu, p) == p
+    for bad, device in (("fp8", cpu), ("fp16", cpu), ("int8", torch.device("cuda"))):
+        with pytest.raises(NmtError, match="--precision"):
+            resolve_inference_precision(device, bad)
+
+
+def test_auto_precision_is_measured_once_and_cached_on_disk(probe_dir, monkeypatch):
+    import nmt.device as device
+
+    calls = []
+    monkeypatch.setattr(device, "_fastest_precision", lambda d, f: calls.append((d, f)) or "int8")
+    cpu = torch.device("cpu")
+    assert device.resolve_inference_precision(cpu, "auto", (32, 64)) == "int8"
+    assert device.resolve_inference_precision(cpu, "auto", (32, 64)) == "int8"
+    assert calls == [(32, 64)]  # cached in the process
+    monkeypatch.setattr(device, "_PROBES", {})
+    assert device.resolve_inference_precision(cpu, "auto", (32, 64)) == "int8"
+    assert calls == [(32, 64)]  # and on disk, keyed by machine and shape
+    assert device.cpu_model() in (probe_dir / "probes.json").read_text()
+    assert device.resolve_inference_precision(cpu, "auto", (16, 64)) == "int8" and len(calls) == 2
+
+
+def test_fastest_precision_really_times_the_three(probe_dir):
+    from nmt.device import _fastest_precision
+
+    assert _fastest_precision(32, 64) in ("fp32", "bf16", "int8")
+
+
+def test_int8_quantises_every_linear_layer_and_packing_keeps_outputs():
+    from nmt.config import ModelConfig
+    from nmt.device import Int8Linear, PackedLinear, inference_model, packing_works
+    from nmt.model import Transformer
+
+    cfg = ModelConfig(d_model=32, heads=2, encoder_layers=1, decoder_layers=1, ffn_dim=64, dropout=0.0)
+    src, tgt = torch.randint(4, 30, (2, 5)), torch.randint(4, 30, (2, 4))
+    with torch.no_grad():
+        ref = Transformer(cfg, 30, 30).eval()
+        expected = ref(src, tgt)
+        int8 = inference_model(copy.deepcopy(ref), torch.device("cpu"), "int8")
+        assert not any(type(m) is torch.nn.Linear for m in int8.modules())
+        assert isinstance(int8.logits_proj, Int8Linear)  # the tied projection too
+        torch.testing.assert_close(int8(src, tgt), expected, atol=0.2, rtol=0.1)
+        packed = inference_model(copy.deepcopy(ref), torch.device("cpu"), "fp32")
+        if packing_works():
+            assert not any(type(m) is torch.nn.Linear for m in packed.modules())
+            assert isinstance(packed.logits_proj, PackedLinear)
+        torch.testing.assert_close(packed(src, tgt), expected, atol=1e-4, rtol=1e-4)
+        bf16 = inference_model(copy.deepcopy(ref), torch.device("cpu"), "bf16")
+        assert bf16.decoder.layers[0].cross_attn.q_proj is not None
+        torch.testing.assert_close(bf16(src, tgt).float(), expected, atol=0.1, rtol=0.1)

@@ -398,3 +398,26 @@ def test_overfits_32_real_validation_pairs(tmp_path, shared_data):
     hyps = validator.translate(model)
     exact = sum(h == r for h, r in zip(hyps, validator.refs, strict=True))
     assert exact >= 28, list(zip(hyps, validator.refs, strict=True))
+
+
+def test_max_time_counts_validation_and_checkpoints(tmp_path, monkeypatch):
+    """train.max_time is training-loop wall time: slow validations use it up."""
+    from nmt.validation import Validator
+
+    synthetic_run(tmp_path / "t", "reverse", n_train=150, n_valid=8)
+    run = Validator.run
+
+    def slow_run(self, model):
+        time.sleep(0.5)
+        return run(self, model)
+
+    monkeypatch.setattr(Validator, "run", slow_run)
+    config = synth_config("train.max_tokens=200", "train.eval_sentences=8", "train.max_steps=1000",
+                          "train.eval_every=1", "train.max_time=1s")  # fmt: skip
+    s = fit(config, tmp_path / "t")
+    assert s["stopped"] == "max_time" and s["elapsed_s"] >= 1.0
+    assert 1 <= s["steps"] <= 3  # each step costs > 0.5 s of validation (updates alone: dozens per second)
+    log = (tmp_path / "t" / "train.log").read_text()
+    assert "training-loop wall time, validation and checkpoints included" in log
+    state = ckpt.load_trainer_state(ckpt.latest_checkpoint(tmp_path / "t" / "checkpoints"))
+    assert state["train"]["elapsed"] >= 1.0  # saved, so a resumed run continues the same budget

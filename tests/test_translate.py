@@ -127,8 +127,8 @@ class _CopyState:
     def __init__(self, src: torch.Tensor):
         self.src, self.step = src, 0  # (R, S)
 
-    def reorder(self, index: torch.Tensor) -> None:
-        self.src = self.src.index_select(0, index)
+    def reorder(self, index: torch.Tensor, sentences: torch.Tensor | None = None, beam: int | None = None) -> None:
+        self.src = self.src.index_select(0, index)  # every row keeps its own source
 
 
 class CopyModel:
@@ -250,7 +250,8 @@ def test_nbest(copy_translator):
     scores = [s for _, s in nb[0]]
     assert len(nb[0]) >= 1 and scores == sorted(scores, reverse=True)
     joined = t.translate(["猫在桌子上。"], beam=3, nbest=3)[0]
-    assert joined.split("\n") == [text for text, _ in nb[0]]
+    assert joined.split("\n") == [f"{score:.4f}\t{text}" for text, score in nb[0]]  # score<TAB>text, best first
+    assert t.translate([""], beam=3, nbest=3)[0].split("\n") == ["nan\t"] * 3  # K lines for every input
 
 
 def test_from_run_loads_the_checkpoint(tiny_run_dir):
@@ -265,11 +266,39 @@ def test_from_run_loads_the_checkpoint(tiny_run_dir):
     assert t.translate(LINES[:3], beam=1) == [t.translate([line], beam=1)[0] for line in LINES[:3]]
 
 
-def test_from_run_bf16_autocast(tiny_run_dir):
+@pytest.mark.parametrize("precision", ["auto", "fp32", "bf16", "int8"])
+def test_from_run_in_every_precision(tiny_run_dir, precision):
     from nmt.translate import Translator
 
-    t = Translator.from_run(tiny_run_dir, device="cpu", precision="bf16")
+    t = Translator.from_run(tiny_run_dir, device="cpu", precision=precision)
+    assert t.precision in ("fp32", "bf16", "int8")  # auto resolves to what was measured fastest
     assert len(t.translate(LINES[:2], beam=2)) == 2
+
+
+def test_a_run_trained_with_flash_translates_and_averages_on_cpu(tiny_run_dir, tmp_path, monkeypatch):
+    """A run whose stored configs say `model.attention: flash` (trained on a GPU) on a CPU machine."""
+    import shutil
+
+    from nmt import checkpoint as ckpt
+    from nmt.config import save_config
+    from nmt.model import build_model
+    from nmt.translate import Translator
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    run = tmp_path / "gpu-run"
+    shutil.copytree(tiny_run_dir / "vocab", run / "vocab")
+    state, config = ckpt.load_weights(tiny_run_dir / "checkpoints" / "final.safetensors")
+    config.model.attention = "flash"
+    save_config(config, run / "config.yaml")
+    model = build_model(config, *(state[k].size(0) for k in ("src_embed.weight", "tgt_embed.weight")))
+    model.load_state_dict(state)  # a flash model builds anywhere; only running it needs CUDA
+    for step in (1, 2):
+        ckpt.save_checkpoint(run / "checkpoints", step, model, {}, config, keep_last=5)
+    averaged = ckpt.average_last(run, 2).path
+    assert ckpt.load_weights(averaged)[1].model.attention == "flash"
+    t = Translator.from_run(run, checkpoint=averaged, device="cpu", precision="fp32")
+    reference = Translator.from_run(tiny_run_dir, device="cpu", precision="fp32")
+    assert t.translate(LINES[:3], beam=2) == reference.translate(LINES[:3], beam=2)
 
 
 def test_from_run_errors(tiny_run_dir, tmp_path):

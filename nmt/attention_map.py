@@ -2,10 +2,11 @@
 
 The chosen translation is teacher-forced through the model once (`[BOS] + target` in, like
 training). A forward hook on every decoder cross-attention module records its inputs (the
-normalised decoder states and the encoder memory); from those and the module's own projection
-weights the attention probabilities are recomputed as softmax(Q K^T / sqrt(d_k)) with the
-source padding masked. The model's code is not touched, so the map is what the model computes
-whatever attention backend (math, sdpa, flash) it runs.
+normalised decoder states and the encoder memory); Q and K are recomputed from those by the
+module's own projection layers (so plain, pre-packed, bf16 and int8 models all work) and the
+attention probabilities as softmax(Q K^T / sqrt(d_k)) in fp32, with the source padding
+masked. The model's code is not touched, so the map is what the model computes whatever
+attention backend (math, sdpa, flash) it runs.
 
 Row t of a map is the attention while predicting target piece t (the last row predicts EOS);
 column s is source piece s (the last column is the source EOS). Maps are averaged over the
@@ -40,7 +41,7 @@ class AttentionMap:
 
 def cross_attention_modules(model: nn.Module) -> list[nn.Module]:
     """The decoder's cross-attention modules, in layer order: modules whose name ends in a
-    `cross`-something part and that hold a fused `in_proj` (rows [W_q; W_k; W_v]) and `heads`."""
+    `cross`-something part and that hold a projection `in_proj` and a head count `heads`."""
     found = [
         m
         for name, m in model.named_modules()
@@ -54,25 +55,23 @@ def cross_attention_modules(model: nn.Module) -> list[nn.Module]:
     return found
 
 
-def _weight_and_bias(linear: Any) -> tuple[Tensor, Tensor | None]:
-    """Float weight and bias of an `nn.Linear` or of a dynamically quantised one."""
-    weight = linear.weight() if callable(linear.weight) else linear.weight
-    bias = linear.bias() if callable(getattr(linear, "bias", None)) else getattr(linear, "bias", None)
-    if weight.is_quantized:
-        weight = weight.dequantize()
-    return weight.float(), None if bias is None else bias.float()
+def _queries_and_keys(module: nn.Module, x: Tensor, memory: Tensor) -> tuple[Tensor, Tensor]:
+    """Q (B, T, D) and K (B, S, D) through the module's own projection layers, whatever they are
+    (`nn.Linear`, pre-packed, int8-quantised, bf16): `q_proj` and `kv_proj` (rows [W_k; W_v]) where
+    the model split them, else the fused `in_proj` (rows [W_q; W_k; W_v])."""
+    D = memory.size(-1)
+    q_proj, kv_proj = getattr(module, "q_proj", None), getattr(module, "kv_proj", None)
+    if q_proj is not None and kv_proj is not None:
+        return q_proj(x), kv_proj(memory)[..., :D]
+    return module.in_proj(x)[..., :D], module.in_proj(memory)[..., D : 2 * D]
 
 
 def attention_probs(module: nn.Module, x: Tensor, memory: Tensor, src_pad: Tensor) -> Tensor:
     """Cross-attention probabilities of `module`. x (B, T, D) decoder states entering it, memory
     (B, S, D), src_pad (B, S) True = padding → (B, H, T, S) in fp32, zero at padded keys."""
-    weight, bias = _weight_and_bias(module.in_proj)  # (3D, D), (3D,)
     D, H = memory.size(-1), int(module.heads)
     dk = D // H
-    if bias is None:
-        bias = weight.new_zeros(3 * D)
-    q = nn.functional.linear(x.float(), weight[:D], bias[:D])  # (B, T, D)
-    k = nn.functional.linear(memory.float(), weight[D : 2 * D], bias[D : 2 * D])  # (B, S, D)
+    q, k = (t.float() for t in _queries_and_keys(module, x, memory))
     q = q.view(*q.shape[:2], H, dk).transpose(1, 2)  # (B, H, T, dk)
     k = k.view(*k.shape[:2], H, dk).transpose(1, 2)  # (B, H, S, dk)
     scores = q @ k.transpose(-2, -1) / math.sqrt(dk)  # (B, H, T, S)

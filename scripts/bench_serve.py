@@ -82,7 +82,9 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
         cmd += ["--beam", str(args.beam)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-    line = proc.stdout.readline()
+    line = ""
+    while "http://127.0.0.1:" not in line and proc.poll() is None:  # after the model's loading messages
+        line = proc.stdout.readline()
     if "http://127.0.0.1:" not in line:
         proc.kill()
         sys.exit(f"server did not start: {line}")

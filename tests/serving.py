@@ -19,7 +19,9 @@ def start_server(run: Path, *args: str) -> tuple[subprocess.Popen, int]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "nmt", "serve", "--run", str(run), "--port", "0", "--precision", "fp32", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    line = proc.stdout.readline()
+    line = ""
+    while "http://127.0.0.1:" not in line and proc.poll() is None:  # after the model's loading messages
+        line = proc.stdout.readline()
     if "http://127.0.0.1:" not in line:
         proc.kill()
         raise AssertionError(f"server did not start: {line}{proc.stdout.read()}")

@@ -93,6 +93,10 @@ def test_attention_map_of_a_trained_run(tiny_run):
     assert len(last.weights) == len(amap.weights)
     with pytest.raises(NmtError, match="empty"):
         attention_map(translator, "   ", "x")
+    bf16 = Translator.from_options(InferenceOptions(run_dir=tiny_run, precision="bf16"))  # bf16 weights, packed
+    half = attention_map(bf16, source, target)
+    assert (half.source, half.target) == (amap.source, amap.target)
+    assert torch.allclose(torch.tensor(half.weights), torch.tensor(amap.weights), atol=0.05)
 
 
 def test_maps_of_a_dynamically_quantised_model_match_the_float_model(model):

@@ -34,6 +34,7 @@ from nmt.config import Config, load_config
 from nmt.device import resolve_device, resolve_precision
 from nmt.engines import ENGINES, NativeEngine
 from nmt.errors import NmtError
+from nmt.passthrough import Masked, mask, masker, restore
 
 CHUNK_LINES = 2000  # lines read ahead (and sorted by length) by translate_stream
 
@@ -94,6 +95,8 @@ class Translator:
         self.checkpoint = checkpoint
         self.max_src_pieces = config.model.max_positions - 1  # + EOS
         self.stats = DecodeStats()
+        self.masker = masker(config.data, src_tok, tgt_tok)  # pass-through spans (nmt/passthrough.py)
+        self.masks: list[Masked | None] = []  # per line of the last `encode_sources` call
 
     @classmethod
     def from_run(
@@ -192,6 +195,9 @@ class Translator:
         from nmt.corpus import normalize_source
 
         texts = [normalize_source(line, self.config.data) for line in lines]
+        detector = self.masker
+        self.masks = [mask(t, detector.find(t)) if detector else None for t in texts]
+        texts = [m.text if m else t for m, t in zip(self.masks, texts, strict=True)]
         keep = [i for i, t in enumerate(texts) if t]
         ids: list[list[int]] = [[] for _ in lines]
         for i, seq in zip(keep, self.src_tok.encode_batch([texts[i] for i in keep]), strict=True):
@@ -235,11 +241,12 @@ class Translator:
         if beam < 1 or not 1 <= nbest <= beam:
             raise NmtError(f"--nbest {nbest} must be between 1 and the beam size ({beam})")
         ids = self.encode_sources(lines, first_line)
+        masks = self.masks
         results: list[list[tuple[str, float]]] = [[] for _ in lines]
         for group in self.batches(ids):
             hyps = self._search([ids[i] for i in group], beam, nbest, lp, greedy=beam == 1 and not scores)
             for i, h in zip(group, hyps, strict=True):
-                results[i] = [(self.tgt_tok.decode(_clean(tokens)), s) for tokens, s in h]
+                results[i] = [(_restore(self.tgt_tok.decode(_clean(tokens)), masks[i]), s) for tokens, s in h]
         return results
 
     def _search(
@@ -253,6 +260,11 @@ class Translator:
         self.stats.src_tokens += sum(len(s) + 1 for s in seqs)
         self.stats.tgt_tokens += sum(len(f[0][0]) for f in found if f)
         return found
+
+
+def _restore(text: str, masked: Masked | None) -> str:
+    """Placeholders back to their source spans (nmt.passthrough.restore's rule)."""
+    return restore(text, masked) if masked is not None else text
 
 
 def _clean(tokens: list[int]) -> list[int]:

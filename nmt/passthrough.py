@@ -28,7 +28,8 @@ meaning of "the same span on both sides" in the pass-through score.
 Restoration (`restore`), the documented rule for a model's mistakes:
   - placeholder i appears as often as in the source: each becomes slot i's text;
   - repeated more often than in the source: the extra copies are removed;
-  - invented (no slot i) or a stray `⦅`/`⦆` fragment: removed;
+  - invented (no slot i) or a stray `⦅`/`⦆` fragment: removed (with the whitespace before it
+    when a space, punctuation or the end follows, so "a ⦅7⦆, b" gives "a, b");
   - dropped (slot i never produced): its text is appended at the end, in slot order, before a
     final `.`, `!` or `?`.
 No placeholder character of the model's output reaches the user; whitespace is collapsed.
@@ -44,12 +45,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nmt.config import Config, DataConfig
+from nmt.config import PASSTHROUGH_KINDS, Config, DataConfig
 
 MAX_SLOTS = 10
 OPEN, CLOSE = "⦅", "⦆"  # U+2985/U+2986: NFKC-stable (they are what ｟｠ normalise to)
 PLACEHOLDERS = tuple(f"{OPEN}{i}{CLOSE}" for i in range(MAX_SLOTS))
 _MODEL_PLACEHOLDER = re.compile(f"{OPEN}(\\d+){CLOSE}|[{OPEN}{CLOSE}]")
+# in output: (space before)(placeholder | fragment)(a following space, punctuation or end, if any)
+_OUTPUT_PLACEHOLDER = re.compile(f"(\\s*)(?:{_MODEL_PLACEHOLDER.pattern})(?=([\\s.,!?;:)\\]]|$)?)")
 
 _L = "A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f"  # Latin letters (ASCII, Latin-1, Extended-A/B)
 _W = f"[{_L}0-9]"
@@ -165,13 +168,13 @@ def restore(output: str, masked: Masked) -> str:
     used = [0] * len(masked.slots)
 
     def fill(m: re.Match) -> str:
-        i = int(m.group(1)) if m.group(1) is not None else -1
+        i = int(m.group(2)) if m.group(2) is not None else -1
         if 0 <= i < len(masked.slots) and used[i] < masked.counts[i]:
             used[i] += 1
-            return masked.slots[i]
-        return ""  # invented, repeated, or a fragment
+            return m.group(1) + masked.slots[i]
+        return "" if m.group(3) is not None else m.group(1)  # invented, repeated or a fragment: removed
 
-    text = " ".join(_MODEL_PLACEHOLDER.sub(fill, output).split())
+    text = " ".join(_OUTPUT_PLACEHOLDER.sub(fill, output).split())
     missing = [s for s, n in zip(masked.slots, used, strict=True) if n == 0]
     if not missing:
         return text
@@ -205,6 +208,30 @@ def passthrough_score(sources: list[str], refs: list[str], hyps: list[str], dete
     return {"spans": total, "kept": kept, "accuracy": kept / total if total else None}
 
 
+def score_lines(data: DataConfig, sources: list[str], refs: list[str], hyps: list[str]) -> dict:
+    """`passthrough_score` of raw lines, each normalised as its side is in training.
+
+    Spans are those of the run's kinds, or of every kind when pass-through is off, so that runs
+    with and without the feature are scored on the same spans.
+    """
+    from nmt.corpus import normalize_source, normalize_target
+
+    detector = Detector(data.passthrough or PASSTHROUGH_KINDS, data.protected_terms)
+    return passthrough_score(
+        [normalize_source(s, data) for s in sources],
+        [normalize_target(r, data) for r in refs],
+        [normalize_target(h, data) for h in hyps],
+        detector,
+    )
+
+
+def describe(score: dict) -> str:
+    """'pass-through 95.0% (38 of 40 spans kept)' for reports."""
+    if not score.get("spans"):
+        return "pass-through n/a (no source span found in its reference)"
+    return f"pass-through {score['accuracy']:.1%} ({score['kept']} of {score['spans']} spans kept)"
+
+
 # --------------------------------------------------------------------------- corpus files
 
 
@@ -222,7 +249,7 @@ def masked_corpus(config: Config, run_dir: Path, splits: Iterable[str]) -> Itera
         yield None
         return
     detector, corpus = Detector.from_data(data), Path(run_dir) / "corpus"
-    tmp = Path(tempfile.mkdtemp(prefix=".passthrough.", dir=run_dir))
+    tmp = Path(tempfile.mkdtemp(prefix=".passthrough-masked.", dir=run_dir))
     try:
         out: dict = {"stats": {}}
         for split in splits:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from nmt.config import PASSTHROUGH_KINDS, ConfigError, DataConfig, config_from_dict
@@ -155,3 +157,70 @@ def test_config_kinds_and_terms():
         config_from_dict({"data": {"passthrough": 3}})
     with pytest.raises(ConfigError, match=r"data\.protected_terms"):
         config_from_dict({"data": {"protected_terms": [" padded"]}})
+
+
+# --------------------------------------------------------------------------- end to end, on self-made data
+
+TEMPLATES = [  # (zh, en): {w} a Latin-script word, {n} a number
+    ("我爱 {w}", "I love {w}."),
+    ("我不喜欢{w}。", "I don't like {w}."),
+    ("{w}很好。", "{w} is good."),
+    ("我有{n}个苹果。", "I have {n} apples."),
+    ("他在{n}年去了北京。", "He went to Beijing in {n}."),
+    ("你好。", "Hello."),
+]
+
+
+def synthetic_pairs(n: int, seed: int) -> list[tuple[str, str]]:
+    """Template pairs filled with random words and numbers (none of them "AI")."""
+    import random
+
+    rng, letters = random.Random(seed), "bcdefghjkmnopqrstuvwxyzBCDEFGHJKLMNOPQRSTUVWXYZ"
+    out = []
+    for _ in range(n):
+        zh, en = rng.choice(TEMPLATES)
+        w, num = "".join(rng.choices(letters, k=rng.randint(2, 7))), str(rng.randint(1, 3000))
+        out.append((zh.format(w=w, n=num), en.format(w=w, n=num)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def synthetic_run(tmp_path_factory) -> Path:
+    """A tiny model trained with pass-through on template pairs (about half a minute on one core)."""
+    from nmt.config import load_config, save_config
+    from nmt.train import train
+    from nmt.vocab import build_vocab
+
+    run = tmp_path_factory.mktemp("pt") / "run"
+    (run / "corpus").mkdir(parents=True)
+    for split, n, seed in (("train", 2000, 1), ("valid", 60, 2), ("test", 60, 3)):
+        pairs = synthetic_pairs(n, seed)
+        for side, lang in enumerate(("zh", "en")):
+            (run / "corpus" / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
+    root = Path(__file__).resolve().parent.parent
+    config = load_config(
+        root / "configs" / "tiny.yaml",
+        ["vocab.src_size=300", "vocab.tgt_size=120", "model.d_model=64", "model.ffn_dim=128", "train.threads=1",
+         "train.max_steps=150", "train.eval_every=150", "train.lr=0.005", "decode.beam=1"],
+    )  # fmt: skip
+    save_config(config, run / "config.yaml")
+    build_vocab(config, run)
+    train(config, run)
+    return run
+
+
+def test_model_trained_with_passthrough_copies_an_unseen_word(synthetic_run):
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+    from nmt.translate import Translator
+
+    t = Translator.from_run(synthetic_run)
+    assert t.masker is not None
+    ids = t.encode_sources(["我爱 AI"])
+    tokens = t.engine.search(ids, 1, 1, 1.0, True)[0][0][0]
+    assert t.tgt_tok.piece(tokens[-1]) == "." and PLACEHOLDERS[0] in [t.tgt_tok.piece(i) for i in tokens]  # learnt
+    result = CliRunner().invoke(app, ["translate", "--run", str(synthetic_run), "我爱 AI", "他在2024年去了北京。"])
+    assert result.exit_code == 0, result.output
+    love, went = result.stdout.splitlines()
+    assert love == "I love AI." and "Beijing" in went and "2024" in went

@@ -31,7 +31,7 @@ format: setup
 
 demo: setup
 	NMT_MIRROR=$(MIRROR) $(BIN)/nmt pipeline --config $(CONFIG)
-	$(BIN)/nmt translate "我爱 AI" "你好，世界。" "我明天要去北京。"
+	$(BIN)/nmt translate "我爱 AI" "你好，世界。" "我明天要去北京。" "我在2024年买了一部iPhone 15，花了3.5%的工资。" "详情请见https://example.org，谢谢。"
 
 bench: setup
 	$(BIN)/python scripts/bench_train.py

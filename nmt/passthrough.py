@@ -235,15 +235,36 @@ def describe(score: dict) -> str:
 # --------------------------------------------------------------------------- corpus files
 
 
-@contextlib.contextmanager
-def masked_corpus(config: Config, run_dir: Path, splits: Iterable[str]) -> Iterator[dict | None]:
-    """Masked, normalised copies of `<run>/corpus/{split}.{lang}` in a temporary folder.
-
-    Yields {"train.zh": Path, ..., "stats": {...}} — what SentencePiece trains on and
-    `binarize` encodes — or None when pass-through is off. Removed on exit.
-    """
+def _mask_split(data: DataConfig, detector: Detector, inputs: list[Path], outputs: list[Path], raw: bool) -> dict:
+    """Write the masked pairs of `inputs` (src, tgt) to `outputs`; `raw` texts are normalised first."""
     from nmt.corpus import normalize_source, normalize_target
 
+    pairs = masked = 0
+    with (
+        open(inputs[0], encoding="utf-8") as fs,
+        open(inputs[1], encoding="utf-8") as ft,
+        open(outputs[0], "w", encoding="utf-8") as out_s,
+        open(outputs[1], "w", encoding="utf-8") as out_t,
+    ):
+        for s, t in zip(fs, ft, strict=False):
+            s, t = s.rstrip("\n"), t.rstrip("\n")
+            if raw:
+                s, t = normalize_source(s, data), normalize_target(t, data)
+            ms, mt = mask_pair(s, t, detector)
+            out_s.write(ms.text + "\n")
+            out_t.write(mt + "\n")
+            pairs, masked = pairs + 1, masked + bool(ms.slots)
+    return {"pairs": pairs, "masked_pairs": masked}
+
+
+@contextlib.contextmanager
+def masked_corpus(config: Config, run_dir: Path, splits: Iterable[str]) -> Iterator[dict | None]:
+    """Masked, normalised copies of `<run>/corpus/{split}.{lang}` in a temporary folder of the run.
+
+    Yields {"train.zh": Path, ..., "stats": {split: {"pairs", "masked_pairs"}}} — what
+    SentencePiece trains on and `binarize` encodes — or None when pass-through is off.
+    Train is normalised already; valid/test (raw references) are normalised here.
+    """
     data = config.data
     if not data.passthrough:
         yield None
@@ -253,21 +274,10 @@ def masked_corpus(config: Config, run_dir: Path, splits: Iterable[str]) -> Itera
     try:
         out: dict = {"stats": {}}
         for split in splits:
-            paths = [tmp / f"{split}.{data.src_lang}", tmp / f"{split}.{data.tgt_lang}"]
-            src_in, tgt_in = (corpus / p.name for p in paths)
-            with open(src_in, encoding="utf-8") as fs, open(tgt_in, encoding="utf-8") as ft:
-                with open(paths[0], "w", encoding="utf-8") as os_, open(paths[1], "w", encoding="utf-8") as ot:
-                    pairs = masked = 0
-                    for s, t in zip(fs, ft, strict=False):  # train is normalised already
-                        s, t = s.rstrip("\n"), t.rstrip("\n")
-                        if split != "train":
-                            s, t = normalize_source(s, data), normalize_target(t, data)
-                        ms, mt = mask_pair(s, t, detector)
-                        os_.write(ms.text + "\n")
-                        ot.write(mt + "\n")
-                        pairs, masked = pairs + 1, masked + bool(ms.slots)
-            out[paths[0].name], out[paths[1].name] = paths
-            out["stats"][split] = {"pairs": pairs, "masked_pairs": masked}
+            names = [f"{split}.{data.src_lang}", f"{split}.{data.tgt_lang}"]
+            paths = [tmp / n for n in names]
+            out["stats"][split] = _mask_split(data, detector, [corpus / n for n in names], paths, split != "train")
+            out |= dict(zip(names, paths, strict=True))
         yield out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

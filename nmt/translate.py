@@ -5,6 +5,10 @@ exactly what training did to the source side), the source SentencePiece model, a
 `model.max_positions - 1` pieces (+ EOS; longer lines are truncated with one warning on stderr
 naming the line number). Blank lines give empty outputs without reaching the model.
 
+Pass-through spans (Latin words, numbers, URLs, e-mails, marked text; nmt/passthrough.py) are
+replaced by placeholders after normalisation and restored in each output, when the run's
+vocabularies hold the placeholders; `self.masks` keeps the spans of the last encoded lines.
+
 Lines are decoded in length-sorted batches bounded by `decode.max_tokens` (padded source
 tokens) and `decode.batch_size` (sentences); outputs come back in input order. `beam=1` uses
 greedy search (the same output as a beam of one, faster), except in `translate_nbest`, which

@@ -2,7 +2,8 @@
 
 BLEU and chrF come from greedy decoding of a fixed (seeded) subset of ``train.eval_sentences``
 validation sentences, detokenised with the target tokenizer and scored with
-``nmt.evaluate.score`` against the raw references in ``<run>/corpus/valid.en``. Runs without
+``nmt.evaluate.score`` against the raw references in ``<run>/corpus/valid.en``; pass-through placeholders that
+``nmt vocab`` put into the valid sources are restored first. Runs without
 a vocabulary (synthetic tasks written straight to ``<run>/bin``) score the id sequences,
 joined by spaces, against the reference ids.
 """
@@ -112,7 +113,10 @@ def _pair_masks(config: Config, tokenizer: Any, srcs: list[str], refs: list[str]
     detector, data = masker(config.data, tokenizer), config.data
     if detector is None:
         return []
-    return [mask_pair(normalize_source(s, data), normalize_target(r, data), detector)[0] for s, r in zip(srcs, refs, strict=True)]
+    return [
+        mask_pair(normalize_source(s, data), normalize_target(r, data), detector)[0]
+        for s, r in zip(srcs, refs, strict=True)
+    ]
 
 
 def _ids_text(ids: Any) -> str:

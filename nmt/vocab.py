@@ -6,6 +6,11 @@ split into `<run>/bin` (valid/test sources and references pass through `normaliz
 `normalize_target` first, as train did). SentencePiece's own normalisation is off ("identity"):
 `nmt.corpus.normalize_*` is the one place text is normalised.
 
+Pass-through (`data.passthrough`, nmt/passthrough.py): the placeholders `⦅0⦆…` are
+user-defined symbols of both models, and SentencePiece trains on, and every split is encoded
+from, normalised copies in which spans found on both sides of a pair are masked (`corpus/`
+stays raw, so references are untouched).
+
 The stage stamp covers the corpus files, the vocab and data sections, so a changed corpus or
 vocabulary redoes both the models and the encoding.
 

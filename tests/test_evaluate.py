@@ -229,7 +229,11 @@ def test_passthrough_score_in_report_table_and_markdown(tmp_path, capsys):
     src, ref = tmp_path / "s.zh", tmp_path / "r.en"
     src.write_text("我爱 AI。\n我在２０２４年见过Tom。\n他有三个苹果。\n", encoding="utf-8")
     ref.write_text("I love AI.\nI met Tom in 2024.\nHe has 3 apples.\n", encoding="utf-8")
-    outputs = {"我爱 AI。": "I love the president.", "我在２０２４年见过Tom。": "I saw Tom in 2024.", "他有三个苹果。": "x"}
+    outputs = {
+        "我爱 AI。": "I love the president.",
+        "我在２０２４年见过Tom。": "I saw Tom in 2024.",
+        "他有三个苹果。": "x",
+    }
     report = evaluate_run(config, tmp_path, EvalJob(src=src, ref=ref), translator=OracleTranslator(outputs, config))
     assert report["passthrough"] == {"spans": 3, "kept": 2, "accuracy": pytest.approx(2 / 3)}
     assert "pass-through 66.7% (2 of 3 spans kept)" in capsys.readouterr().out

@@ -343,7 +343,13 @@ def test_spans_are_masked_for_the_model_and_restored_from_every_mistake():
         "你好": f"Hello {p[5]}",  # invented in a sentence without spans
     }
     t = _scripted(script)
-    lines = ["我爱 AI", "iPhone15在２０２４年发布", "访问https://example.org/x，谢谢。", "用`tom@example.com`发邮件", "你好"]
+    lines = [
+        "我爱 AI",
+        "iPhone15在２０２４年发布",
+        "访问https://example.org/x，谢谢。",
+        "用`tom@example.com`发邮件",
+        "你好",
+    ]
     out = t.translate(lines)
     assert out == [
         "I love AI.",

@@ -106,8 +106,9 @@ class Detector:
 
     def _span(self, m: re.Match) -> Span | None:
         rule, start, end = m.lastgroup, m.start(), m.end()
-        if rule == "marked":
-            return Span(start, end, m.group()[1:-1].strip(), "marked") if m.group()[1:-1].strip() else None
+        if rule == "marked":  # the span is what the backticks enclose
+            inner = m.group()[1:-1].strip()
+            return Span(start, end, inner, "marked") if inner else None
         if rule == "term":
             return Span(start, end, m.group(), "marked")
         if rule == "url":

@@ -43,6 +43,7 @@ TABLE = [
     ("Müller先生来自Zürich。", [("Müller", "latin"), ("Zürich", "latin")]),
     ("我在用Python 3.12和C++。", [("Python", "latin"), ("3.12", "number"), ("C", "latin")]),
     ("我喜欢吃苹果。", []),
+    ("空的` `标记", []),  # nothing inside the backticks: no span
 ]
 
 

@@ -29,8 +29,9 @@ format: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# The local mirror is used when its directory exists; otherwise the corpus comes from the hub.
 demo: setup
-	NMT_MIRROR=$(MIRROR) $(BIN)/nmt pipeline --config $(CONFIG)
+	$(if $(wildcard $(MIRROR)),NMT_MIRROR=$(MIRROR) )$(BIN)/nmt pipeline --config $(CONFIG)
 	$(BIN)/nmt translate "我爱 AI" "你好，世界。" "我明天要去北京。" "我在2024年买了一部iPhone 15，花了3.5%的工资。" "详情请见https://example.org，谢谢。"
 
 bench: setup

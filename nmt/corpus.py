@@ -1,7 +1,8 @@
 """Corpus preparation: read a recipe's splits (hub or local mirror), clean train, write plain text.
 
 Writes `<run>/corpus/{train,valid,test}.{src,tgt}` (one sentence per line), `test.codes` when the
-mirror has a `test.codes.txt` next to the test file, and `stats.json` (per split: read, kept,
+mirror has a `test.codes.txt` next to the test file (or the hub recipe has a label column), and
+`stats.json` (per split: read, kept,
 dropped per rule; `read == kept + sum(dropped)`). All files of one call appear together or not
 at all.
 
@@ -168,15 +169,17 @@ def _write_train(source: Source, recipe: Recipe, data: DataConfig, tmp: dict[str
 
 def _write_eval(
     source: Source, recipe: Recipe, data: DataConfig, split: str, tmp: dict[str, Path], held: set[int]
-) -> tuple[dict, BadLines]:
-    """Raw references: whitespace-stripped only. Valid drops pairs with both sides empty."""
-    bad = BadLines(source.label, keep_lines=True)
+) -> tuple[dict, BadLines, list[str]]:
+    """Raw references: whitespace-stripped only. Valid drops pairs with both sides empty.
+
+    Returns the stats, the skipped lines and the hub labels of the kept pairs (empty for files)."""
+    bad, labels = BadLines(source.label, keep_lines=True), []
     read = kept = 0
     with (
         open(tmp[f"{split}.{data.src_lang}"], "w", encoding="utf-8") as fs,
         open(tmp[f"{split}.{data.tgt_lang}"], "w", encoding="utf-8") as ft,
     ):
-        for _, s, t in read_split(source, recipe, data, bad):
+        for _, s, t in read_split(source, recipe, data, bad, labels):
             read += 1
             s, t = strip_text(s), strip_text(t)
             if split == "valid" and not s and not t:
@@ -189,21 +192,26 @@ def _write_eval(
     if kept == 0 and source.kind != "none":
         raise NmtError(f"{source.label}: no usable {split} pairs ({bad.count} bad lines)")
     dropped = {"bad_line": bad.count} | ({"empty": read - kept} if split == "valid" else {})
-    return {"source": source.label, "read": read + bad.count, "kept": kept, "dropped": dropped}, bad
+    return {"source": source.label, "read": read + bad.count, "kept": kept, "dropped": dropped}, bad, labels
 
 
-def _write_codes(test: Source, bad: BadLines, read: int, tmp: Path) -> None:
-    """Copy test.codes.txt, skipping the lines skipped in the test file so both stay aligned."""
+def _write_codes(test: Source, bad: BadLines, read: int, tmp: Path, labels: list[str]) -> None:
+    """The test codes: the hub's label column, or test.codes.txt without the lines skipped in the test file."""
+    if test.kind == "hub":
+        tmp.write_text("".join(code + "\n" for code in labels), encoding="utf-8")
+        return
     codes = test.paths[0].parent / "test.codes.txt"
     n = count_lines(codes)
     if n != read:
         raise NmtError(f"{codes} has {n} lines but {test.label} has {read}: codes must align with the test set")
-    with open(codes, encoding="utf-8") as f, open(tmp, "w", encoding="utf-8") as out:
+    with open(codes, encoding="utf-8-sig") as f, open(tmp, "w", encoding="utf-8") as out:
         out.writelines(line.rstrip("\r\n") + "\n" for i, line in enumerate(f, 1) if i not in bad.lines)
 
 
-def _codes_source(sources: dict[str, Source]) -> bool:
+def _codes_source(sources: dict[str, Source], recipe: Recipe) -> bool:
     test = sources["test"]
+    if test.kind == "hub":
+        return bool(recipe.label)
     return test.kind in ("jsonl", "tsv", "plain") and (test.paths[0].parent / "test.codes.txt").is_file()
 
 
@@ -213,17 +221,17 @@ def _output_names(data: DataConfig, codes: bool) -> list[str]:
 
 
 def _write_corpus(sources: dict[str, Source], recipe: Recipe, data: DataConfig, out: Path) -> dict:
-    codes = _codes_source(sources)
+    codes = _codes_source(sources, recipe)
     stats: dict = {"corpus": recipe.name}
     with contextlib.ExitStack() as stack:  # every file renamed into place only if all succeed
         tmp = {name: stack.enter_context(atomic_path(out / name)) for name in _output_names(data, codes)}
         held: set[int] = set()
-        stats["valid"], _ = _write_eval(sources["valid"], recipe, data, "valid", tmp, held)
-        stats["test"], bad = _write_eval(sources["test"], recipe, data, "test", tmp, held)
+        stats["valid"], _, _ = _write_eval(sources["valid"], recipe, data, "valid", tmp, held)
+        stats["test"], bad, labels = _write_eval(sources["test"], recipe, data, "test", tmp, held)
         if sources["test"].kind == "none":
             warnings.warn(f"corpus {recipe.name!r} has no test split; {out}/test.* are empty", stacklevel=2)
         if codes:
-            _write_codes(sources["test"], bad, stats["test"]["read"], tmp["test.codes"])
+            _write_codes(sources["test"], bad, stats["test"]["read"], tmp["test.codes"], labels)
         stats["train"] = _write_train(sources["train"], recipe, data, tmp, held if data.filter_overlap else set())
         tmp["stats.json"].write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     if not codes:
@@ -258,14 +266,14 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
     sources = find_sources(recipe, data, mirror)
     out = run_dir / "corpus"
     files = [p for s in sources.values() for p in s.paths]
-    if _codes_source(sources):
+    if _codes_source(sources, recipe) and sources["test"].kind != "hub":
         files.append(sources["test"].paths[0].parent / "test.codes.txt")
     settings = {k: v for k, v in dataclasses.asdict(data).items() if k != "mirror"}
     digest = hash_files(
         files,
         extra={"data": settings, "recipe": dataclasses.asdict(recipe), "kinds": [s.kind for s in sources.values()]},
     )
-    names = _output_names(data, _codes_source(sources))
+    names = _output_names(data, _codes_source(sources, recipe))
     if is_fresh(run_dir, "download", digest) and all((out / n).is_file() for n in names):
         Console(stderr=True).print(f"corpus: {out} is up to date (skipped)")
         return json.loads((out / "stats.json").read_text(encoding="utf-8"))

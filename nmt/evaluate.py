@@ -85,12 +85,12 @@ def score_by_code(
 
 
 def read_lines(path: Path) -> list[str]:
-    """Lines of a UTF-8 text file, without line ends (a final newline adds no empty line)."""
+    """Lines of a UTF-8 text file, without line ends (a final newline adds no empty line) or a leading BOM."""
     path = Path(path)
     if not path.is_file():
         raise NmtError(f"{path}: file not found")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
         raise NmtError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     lines = [line.rstrip("\r") for line in text.split("\n")]

@@ -8,6 +8,7 @@ file naming the first bad line. Nothing is loaded into memory whole.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import warnings
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from nmt.config import DataConfig, suggest
 from nmt.errors import NmtError
+from nmt.hub import HubSplit, read_hub
 
 SPLITS = ("train", "valid", "test")
 _MIRROR_STEMS = {"train": ("train",), "valid": ("validation", "valid", "dev"), "test": ("test",)}
@@ -24,28 +26,43 @@ _MIRROR_STEMS = {"train": ("train",), "valid": ("validation", "valid", "dev"), "
 
 @dataclass(frozen=True)
 class Recipe:
-    """Where one corpus lives: a `datasets` hub name and config, and/or a mirror subdirectory."""
+    """Where one corpus lives: a hub dataset (data files or its Parquet conversion) and/or a mirror folder."""
 
     name: str
     hub: str | None  # datasets hub path; None = mirror only
-    config: str | None  # hub config name
-    splits: tuple[tuple[str, str], ...]  # (our split, hub split name)
+    config: str | None  # hub config name (datasets with data files per config)
+    splits: tuple[tuple[str, HubSplit], ...]  # (our split, where it comes from on the hub)
     langs: tuple[str, str] = ("zh", "en")  # keys of the translation records
     subdir: str = ""  # mirror subdirectory holding the split files
     hub_kwargs: tuple[tuple[str, str], ...] = ()  # extra load_dataset keyword arguments
+    revision: str | None = None  # hub revision: a commit, a tag or "refs/convert/parquet"
+    data_dir: str = ""  # Parquet folder of one config: <data_dir>/<hub split>/*.parquet
+    columns: tuple[tuple[str, str], ...] = ()  # flat tables: (language, column) instead of "translation"
+    label: str = ""  # column with each row's language/script code (test labels become test.codes)
+    keep: tuple[str, ...] = ()  # keep only the rows whose label is one of these
 
 
-_ALL = (("train", "train"), ("valid", "validation"), ("test", "test"))
+_ALL = (("train", HubSplit("train")), ("valid", HubSplit("validation")), ("test", HubSplit("test")))
+TATOEBA_VALID_EVERY = 18  # 1 in 18 Mandarin dev rows (about 2,000) validate; the rest train
+MANDARIN = ("cmn_Hans", "cmn_Hant", "cmn")  # the rows of the eng-zho benchmark our mirror keeps
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
         Recipe(
             "tatoeba",
-            "Helsinki-NLP/tatoeba",
-            None,
-            (("train", "train"),),
+            "Helsinki-NLP/tatoeba_mt",  # Tatoeba Challenge v2021-08-07, CC-BY 2.0 FR (see README, "Data")
+            "eng-zho",
+            (
+                ("train", HubSplit("validation", every=TATOEBA_VALID_EVERY, rest=True)),
+                ("valid", HubSplit("validation", every=TATOEBA_VALID_EVERY)),
+                ("test", HubSplit("test")),
+            ),
             subdir="tatoeba-zh-en",
-            hub_kwargs=(("lang1", "en"), ("lang2", "zh")),
+            revision="refs/convert/parquet",
+            data_dir="eng-zho",
+            columns=(("en", "sourceString"), ("zh", "targetString")),
+            label="targetlang",
+            keep=MANDARIN,
         ),
         Recipe("wmt19", "wmt/wmt19", "zh-en", _ALL[:2], subdir="wmt19-zh-en"),
         Recipe("wmt17", "wmt/wmt17", "zh-en", _ALL, subdir="wmt17-zh-en"),
@@ -69,7 +86,7 @@ class Source:
     kind: str  # jsonl | tsv | plain | hub | none
     paths: tuple[Path, ...] = ()
     label: str = ""
-    hub_split: str = ""
+    hub_split: HubSplit | None = None
 
 
 class BadLines:
@@ -94,7 +111,7 @@ class BadLines:
             warnings.warn(msg, stacklevel=3)
 
 
-def _pair_from_record(obj: object, src: str, tgt: str) -> tuple[str, str] | str:
+def pair_from_record(obj: object, src: str, tgt: str) -> tuple[str, str] | str:
     """(src, tgt) from a translation record, or the reason it is unusable."""
     rec = obj.get("translation", obj) if isinstance(obj, dict) else None
     if not isinstance(rec, dict):
@@ -107,7 +124,7 @@ def _pair_from_record(obj: object, src: str, tgt: str) -> tuple[str, str] | str:
 
 def _parse_json(text: str, src: str, tgt: str) -> tuple[str, str] | str:
     try:
-        return _pair_from_record(json.loads(text), src, tgt)
+        return pair_from_record(json.loads(text), src, tgt)
     except json.JSONDecodeError:
         return "invalid JSON"
 
@@ -118,11 +135,16 @@ def _parse_tsv(text: str, src: str, tgt: str) -> tuple[str, str] | str:
     return (fields[0], fields[1]) if len(fields) >= 2 else "expected source<TAB>target"
 
 
+def _no_bom(raw: bytes, lineno: int) -> bytes:
+    """The first line without a UTF-8 byte-order mark (Windows editors write one)."""
+    return raw[len(codecs.BOM_UTF8) :] if lineno == 1 and raw.startswith(codecs.BOM_UTF8) else raw
+
+
 def _read_lines(path: Path, parse: Callable, data: DataConfig, bad: BadLines) -> Iterator[tuple[int, str, str]]:
     with open(path, "rb") as f:  # bytes: a bad line is skipped, not fatal; only b"\n" ends a line
         for n, raw in enumerate(f, 1):
             try:
-                text = raw.decode("utf-8")
+                text = _no_bom(raw, n).decode("utf-8")
             except UnicodeDecodeError:
                 bad.add(n, "invalid UTF-8")
                 continue
@@ -149,36 +171,23 @@ def _read_plain(src_path: Path, tgt_path: Path, bad: BadLines) -> Iterator[tuple
     with open(src_path, "rb") as fs, open(tgt_path, "rb") as ft:
         for n, (rs, rt) in enumerate(zip(fs, ft, strict=True), 1):
             try:
-                yield n, rs.decode("utf-8").rstrip("\r\n"), rt.decode("utf-8").rstrip("\r\n")
+                yield n, _no_bom(rs, n).decode("utf-8").rstrip("\r\n"), _no_bom(rt, n).decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError:
                 bad.add(n, "invalid UTF-8")
 
 
-def _read_hub(recipe: Recipe, split: str, src: str, tgt: str, bad: BadLines) -> Iterator[tuple[int, str, str]]:
-    import datasets
+def read_split(
+    source: Source, recipe: Recipe, data: DataConfig, bad: BadLines, labels: list[str] | None = None
+) -> Iterator[tuple[int, str, str]]:
+    """Stream (line number, source text, target text) of the usable records of one split.
 
-    where = f"hub {recipe.hub} ({recipe.config or 'default'}, {split})"
-    try:
-        ds = datasets.load_dataset(recipe.hub, recipe.config, split=split, streaming=True, **dict(recipe.hub_kwargs))
-    except Exception as e:  # network, missing dataset, auth: all user-fixable
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise NmtError(f"{where}: could not load ({reason}); use --mirror DIR, data.mirror or NMT_MIRROR") from None
-    for n, obj in enumerate(ds, 1):
-        pair = _pair_from_record(obj, src, tgt)
-        if isinstance(pair, str):
-            bad.add(n, pair)
-            continue
-        yield n, pair[0], pair[1]
-
-
-def read_split(source: Source, recipe: Recipe, data: DataConfig, bad: BadLines) -> Iterator[tuple[int, str, str]]:
-    """Stream (line number, source text, target text) of the usable records of one split."""
+    For a hub split with a label column, each yielded row's label is appended to `labels`."""
     if source.kind in ("jsonl", "tsv"):
         return _read_lines(source.paths[0], _parse_json if source.kind == "jsonl" else _parse_tsv, data, bad)
     if source.kind == "plain":
         return _read_plain(source.paths[0], source.paths[1], bad)
-    if source.kind == "hub":
-        return _read_hub(recipe, source.hub_split, data.src_lang, data.tgt_lang, bad)
+    if source.kind == "hub" and source.hub_split is not None:
+        return read_hub(recipe, source.hub_split, (data.src_lang, data.tgt_lang), bad, labels)
     return iter(())
 
 
@@ -219,7 +228,7 @@ def find_sources(recipe: Recipe, data: DataConfig, mirror: str | None = None) ->
     else:
         hub = dict(recipe.splits)
         sources = {
-            s: Source("hub", label=f"hub {recipe.hub}:{hub[s]}", hub_split=hub[s]) if s in hub else Source("none")
+            s: Source("hub", label=f"hub {recipe.hub}:{hub[s].split}", hub_split=hub[s]) if s in hub else Source("none")
             for s in SPLITS
         }
         where = f"hub {recipe.hub}"

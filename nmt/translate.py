@@ -296,7 +296,7 @@ def translate_to(
     if input_path is not None:
         if not Path(input_path).is_file():
             raise NmtError(f"{input_path}: input file not found")
-        with open(input_path, encoding="utf-8", errors="replace") as f:
+        with open(input_path, encoding="utf-8-sig", errors="replace") as f:  # -sig: a leading BOM is dropped
             return _emit(translator.translate_stream(f, beam, nbest, lp), output_path, atomic_path)
     chunk = 1 if sys.stdin.isatty() else CHUNK_LINES  # interactive: answer each line at once
     if isinstance(sys.stdin, io.TextIOWrapper):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 import types
@@ -219,6 +220,7 @@ def test_hub_path_streams_with_datasets(tmp_path, monkeypatch):
 
     monkeypatch.delenv("NMT_MIRROR", raising=False)
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.setattr("nmt.hub.check_reachable", lambda dataset: None)
     with pytest.warns(UserWarning, match="record missing 'en'"):
         stats = prepare_corpus(config(corpus="wmt17"), tmp_path / "run")
     assert {c[2] for c in calls} == {"train", "validation", "test"} and all(c[3] for c in calls)
@@ -299,9 +301,12 @@ def test_unknown_corpus_suggests(tmp_path):
         prepare_corpus(config(corpus="tatoba"), tmp_path / "run", mirror=str(tmp_path))
 
 
-def test_corpus_without_train_split(shared_data, tmp_path):
+def test_corpus_without_train_split(tmp_path):
+    root = tmp_path / "m"
+    write_jsonl(root / "wmt-news-zh-en" / "validation.jsonl", VALID)  # like the real mirror: no train file
+    write_jsonl(root / "wmt-news-zh-en" / "test.jsonl", TEST)
     with pytest.raises(NmtError, match="'wmt_news' has no train split.*evaluation"):
-        prepare_corpus(config(corpus="wmt_news"), tmp_path / "run", mirror=str(shared_data))
+        prepare_corpus(config(corpus="wmt_news"), tmp_path / "run", mirror=str(root))
 
 
 # --------------------------------------------------------------------------- atomic output and stamps
@@ -355,3 +360,130 @@ def test_real_tatoeba_mirror(shared_data, tmp_path):
     assert stats["train"]["kept"] == 500 and stats["train"]["dropped"]["overlap"] > 0  # t2s exposes leaks
     assert all(os.path.getsize(out / f) > 0 for f in ("train.zh", "train.en"))
     check_invariant(stats)
+
+
+# --------------------------------------------------------------------------- the default corpus from the hub
+
+
+# Real rows of Helsinki-NLP/tatoeba_mt, config eng-zho (Tatoeba Challenge v2021-08-07 test, CC-BY 2.0 FR,
+# tatoeba.org contributors), in the columns and order of the hub's Parquet conversion.
+def tatoeba_row(code: str, en: str, zh: str) -> dict:
+    return {"sourceLang": "eng", "targetlang": code, "sourceString": en, "targetString": zh}
+
+
+HUB_TEST = [
+    tatoeba_row("cjy_Hans", "Tom isn't going to give me that.", "汤姆不会同意的"),
+    tatoeba_row("cmn_Hans", "2016 was the hottest year on record.", "2016年是有记录以来最热的一年。"),
+    tatoeba_row("cmn_Hans", "Are you a teacher?", "你是不是老师？"),
+    tatoeba_row("cmn_Hans", "It's too late to apologize.", "现在道歉也迟了。"),
+    tatoeba_row("cmn_Hant", "A little learning is a dangerous thing.", "一知半解很危險。"),
+    tatoeba_row("cmn_Hant", "I have lived here for ten years.", "我在這裏住了十年。"),
+    tatoeba_row("cmn", "Nancy looks like my sister.", "Nancyå¾åæçå¤§å§ã"),
+    tatoeba_row("wuu", "40 dollars for seven days.", "七日天四十块美金。"),
+    tatoeba_row("yue_Hant", "Abandon ship!", "棄船呀！"),
+]
+
+
+def hub_dev(n: int = 90) -> list[dict]:
+    """Dev rows in the same columns (sentences from tests/synthetic.py), one of them sharing a test side."""
+    from synthetic import pairs, script_code
+
+    rows = [tatoeba_row(script_code(zh), en, zh) for zh, en in pairs(n, seed=3)]
+    rows.insert(5, tatoeba_row("yue_Hans", "Abandon ship!", "弃船呀！"))
+    rows.insert(9, tatoeba_row("cmn_Hans", "Are you a teacher?", "您是老师吗？"))  # English of a test row
+    return rows
+
+
+def fake_tatoeba_hub(monkeypatch, calls: list, tables: dict[str, list[dict]]) -> None:
+    """`datasets.load_dataset` as it answers for the Parquet conversion of Helsinki-NLP/tatoeba_mt."""
+
+    import inspect
+
+    real = inspect.signature(__import__("datasets").load_dataset)
+
+    def load_dataset(path, name=None, *, split=None, streaming=False, revision=None, data_files=None, **kw):
+        real.bind(path, name, split=split, streaming=streaming, revision=revision, data_files=data_files, **kw)
+        calls.append({"path": path, "name": name, "split": split, "revision": revision, "data_files": data_files})
+        assert name is None and streaming and not kw and list(data_files) == [split]
+        config, hub_split, files = data_files[split].split("/")
+        found = path == "Helsinki-NLP/tatoeba_mt" and revision == "refs/convert/parquet"
+        if not (found and config == "eng-zho" and hub_split == split and files == "*.parquet" and split in tables):
+            raise FileNotFoundError(f"Unable to find 'hf://datasets/{path}@{revision}/{data_files[split]}'")
+        return (dict(row) for row in tables[split])
+
+    monkeypatch.delenv("NMT_MIRROR", raising=False)
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.setattr("nmt.hub.check_reachable", lambda dataset: None)
+
+
+def test_default_corpus_comes_from_the_tatoeba_parquet_conversion(tmp_path, monkeypatch):
+    calls: list = []
+    fake_tatoeba_hub(monkeypatch, calls, {"test": HUB_TEST, "validation": hub_dev()})
+    stats = prepare_corpus(config(), tmp_path / "run")
+    out = tmp_path / "run" / "corpus"
+    assert {c["split"] for c in calls} == {"validation", "test"}
+    assert all(c["data_files"] == {c["split"]: f"eng-zho/{c['split']}/*.parquet"} for c in calls)
+    mandarin = [r for r in HUB_TEST if r["targetlang"] in ("cmn_Hans", "cmn_Hant", "cmn")]  # file order kept
+    assert lines(out / "test.zh") == [r["targetString"] for r in mandarin]
+    assert lines(out / "test.en") == [r["sourceString"] for r in mandarin]
+    assert lines(out / "test.codes") == ["cmn_Hans"] * 3 + ["cmn_Hant"] * 2 + ["cmn"]
+    valid, train = lines(out / "valid.en"), lines(out / "train.en")
+    dev_mandarin = [r for r in hub_dev() if r["targetlang"].startswith("cmn")]
+    assert 0 < len(valid) < len(dev_mandarin) // 4 and not set(valid) & set(train)
+    assert "Are you a teacher?" not in train and stats["train"]["dropped"]["overlap"] == 1  # the overlap guard
+    assert len(valid) + stats["train"]["read"] == len(dev_mandarin)
+    assert "弃船呀！" not in lines(out / "train.zh") + lines(out / "valid.zh")  # Cantonese rows are not Mandarin
+    check_invariant(stats)
+
+
+def test_hub_validation_sample_is_stable_and_about_one_in_eighteen():
+    from nmt.hub import HubSplit
+    from nmt.readers import TATOEBA_VALID_EVERY
+
+    english = [f"Sentence number {i}." for i in range(3600)]
+    valid = HubSplit("validation", every=TATOEBA_VALID_EVERY)
+    rest = HubSplit("validation", every=TATOEBA_VALID_EVERY, rest=True)
+    picked = [e for e in english if valid.keeps(e)]
+    assert all(valid.keeps(e) != rest.keeps(e) for e in english)
+    assert 150 < len(picked) < 250 and picked == [e for e in english if valid.keeps(e)]
+
+
+def test_missing_hub_files_fail_in_one_line_naming_the_dataset(tmp_path, monkeypatch):
+    fake_tatoeba_hub(monkeypatch, [], {"test": HUB_TEST})  # no validation folder
+    with pytest.raises(NmtError) as err:
+        prepare_corpus(config(), tmp_path / "run")
+    msg = str(err.value)
+    assert "\n" not in msg and "Helsinki-NLP/tatoeba_mt (eng-zho, validation)" in msg
+    assert "--mirror DIR" in msg and "NMT_MIRROR" in msg and not (tmp_path / "run" / "corpus" / "test.zh").exists()
+
+
+@pytest.mark.parametrize(
+    "env", [{"HF_ENDPOINT": "http://127.0.0.1:9"}, {"HF_HUB_OFFLINE": "1"}], ids=["unreachable", "offline"]
+)
+def test_download_without_mirror_or_network_fails_fast_in_one_line(tmp_path, env):
+    """The real `datasets`: no hub (refused connection, or offline mode with an empty cache) → one line, seconds."""
+    pytest.importorskip("datasets", reason="the hub path needs the datasets package")
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "NMT_MIRROR"))}
+    root = Path(__file__).resolve().parent.parent
+    run_env = keep | env | {"HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": str(root)}
+    cmd = [sys.executable, "-m", "nmt", "download", "-c", str(root / "configs/tiny.yaml"), "--run", str(tmp_path / "r")]
+    start = time.monotonic()
+    done = subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    seconds = time.monotonic() - start
+    assert done.returncode == 1 and seconds < 60, (seconds, done.stderr[-2000:])
+    err = done.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "Helsinki-NLP/tatoeba_mt" in err and "--mirror DIR" in err and "NMT_MIRROR" in err
+
+
+def test_one_pair_corpus_saved_with_a_bom(tmp_path):
+    """A Windows editor's UTF-8 BOM before the first record loses nothing (it used to drop the only pair)."""
+    root = mirror(tmp_path / "m", train=TRAIN[:1], subdir="")
+    for name in ("train.jsonl", "validation.jsonl", "test.jsonl"):
+        (root / name).write_bytes("\ufeff".encode() + (root / name).read_bytes())
+    (root / "test.codes.txt").write_bytes("\ufeffcmn_Hans\ncmn_Hant\n".encode())
+    stats = prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    out = tmp_path / "run" / "corpus"
+    assert stats["train"]["kept"] == 1 and stats["train"]["dropped"]["bad_line"] == 0
+    assert lines(out / "train.zh") == [TRAIN[0][0]] and lines(out / "valid.zh")[0] == VALID[0][0]
+    assert lines(out / "test.codes") == ["cmn_Hans", "cmn_Hant"]

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import sacrebleu
 import torch
-from test_translate import make_tiny_run, tatoeba_test_pairs
+from test_translate import make_tiny_run, synthetic_test_pairs, tatoeba_test_pairs
 
 from nmt.config import load_config
 from nmt.errors import NmtError
@@ -29,13 +29,18 @@ def _degrade(text: str, i: int) -> str:
     return text.lower()
 
 
-@pytest.fixture(scope="module")
-def real_refs(tmp_path_factory) -> tuple[list[str], list[str], list[str]]:
+@pytest.fixture(scope="module", params=["synthetic", pytest.param("real", marks=pytest.mark.real_data)])
+def real_refs(request) -> tuple[list[str], list[str], list[str]]:
+    """40 Simplified + 40 Traditional references (generated, and from the real mirror where present)
+    with deterministic imperfect hypotheses."""
     from conftest import SHARED_DATA
 
-    if not (SHARED_DATA / "tatoeba-zh-en" / "test.jsonl").is_file():
-        pytest.skip("real corpus mirror not found")
-    pairs, codes = tatoeba_test_pairs(SHARED_DATA, per_code=40)
+    if request.param == "synthetic":
+        pairs, codes = synthetic_test_pairs(per_code=40)
+    elif (SHARED_DATA / "tatoeba-zh-en" / "test.jsonl").is_file():
+        pairs, codes = tatoeba_test_pairs(SHARED_DATA, per_code=40)
+    else:
+        pytest.skip(f"real corpus mirror not found at {SHARED_DATA}")
     refs = [p["en"] for p in pairs]
     return refs, [_degrade(r, i) for i, r in enumerate(refs)], codes
 
@@ -109,11 +114,7 @@ class OracleTranslator:
 
 @pytest.fixture(scope="module")
 def tiny_run_dir(tmp_path_factory) -> Path:
-    from conftest import SHARED_DATA
-
-    if not (SHARED_DATA / "tatoeba-zh-en" / "train.jsonl").is_file():
-        pytest.skip("real corpus mirror not found")
-    return make_tiny_run(tmp_path_factory.mktemp("evaluate"), SHARED_DATA)
+    return make_tiny_run(tmp_path_factory.mktemp("evaluate"))
 
 
 def _oracle(run: Path) -> OracleTranslator:
@@ -238,3 +239,10 @@ def test_passthrough_score_in_report_table_and_markdown(tmp_path, capsys):
     assert report["passthrough"] == {"spans": 3, "kept": 2, "accuracy": pytest.approx(2 / 3)}
     assert "pass-through 66.7% (2 of 3 spans kept)" in capsys.readouterr().out
     assert "pass-through 66.7%" in (tmp_path / "eval" / f"{report['name']}.md").read_text(encoding="utf-8")
+
+
+def test_read_lines_ignores_a_bom(tmp_path):
+    """`nmt eval --src/--ref` files saved with a UTF-8 BOM: the first line is the sentence, not U+FEFF + it."""
+    path = tmp_path / "ref.en"
+    path.write_bytes("\ufeff".encode() + b"I like cats.\nIt rains.\n")
+    assert read_lines(path) == ["I like cats.", "It rains."]

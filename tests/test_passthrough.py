@@ -214,6 +214,29 @@ def synthetic_run(tmp_path_factory) -> Path:
     return run
 
 
+def test_vocab_trains_and_encodes_masked_pairs_and_keeps_the_corpus_raw(synthetic_run):
+    import json
+
+    from nmt.config import load_config
+    from nmt.data import ParallelSplit
+    from nmt.vocab import load_tokenizers
+
+    config = load_config(synthetic_run / "config.yaml")
+    stats = json.loads((synthetic_run / "vocab.stamp.json").read_text(encoding="utf-8"))["report"]["passthrough"]
+    zh, en = (
+        (synthetic_run / "corpus" / f"train.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("zh", "en")
+    )
+    expected = [mask_pair(z, e, ALL) for z, e in zip(zh, en, strict=True)]
+    assert stats["train"] == {"pairs": 2000, "masked_pairs": sum(bool(m.slots) for m, _ in expected)}
+    assert stats["train"]["masked_pairs"] > 1500  # all templates but one hold a word or a number
+    assert not any(OPEN in line for line in zh + en)  # corpus/ stays raw
+    src, tgt = load_tokenizers(synthetic_run, config)
+    train = ParallelSplit.open(synthetic_run, "train", config)
+    for i in range(0, 2000, 97):
+        ids_src, ids_tgt = train.pair(i)
+        assert src.decode(ids_src.tolist()) == expected[i][0].text and tgt.decode(ids_tgt.tolist()) == expected[i][1]
+
+
 def test_model_trained_with_passthrough_copies_an_unseen_word(synthetic_run):
     from typer.testing import CliRunner
 

@@ -39,3 +39,33 @@ def test_unknown_recipe_suggests_closest():
 
 def test_every_brief_recipe_exists():
     assert {"tatoeba", "wmt19", "wmt17", "opus100", "iwslt2017", "news_commentary"} <= set(RECIPES)
+
+
+# --------------------------------------------------------------------------- a UTF-8 byte-order mark
+
+
+BOM = "\ufeff".encode()
+
+
+def test_bom_is_ignored_in_jsonl_tsv_and_plain_files(tmp_path):
+    record = json.dumps({"translation": {"zh": "你好", "en": "Hello"}}, ensure_ascii=False)
+    (tmp_path / "a.jsonl").write_bytes(BOM + record.encode() + b"\n")
+    (tmp_path / "a.tsv").write_bytes(BOM + "你好\tHello\n".encode())
+    (tmp_path / "a.zh").write_bytes(BOM + "你好\n".encode())
+    (tmp_path / "a.en").write_bytes(BOM + b"Hello\n")
+    sources = [
+        Source("jsonl", (tmp_path / "a.jsonl",), "a.jsonl"),
+        Source("tsv", (tmp_path / "a.tsv",), "a.tsv"),
+        Source("plain", (tmp_path / "a.zh", tmp_path / "a.en"), "a.zh"),
+    ]
+    for source in sources:
+        bad = BadLines(source.label)
+        assert list(read_split(source, RECIPES["tatoeba"], DataConfig(), bad)) == [(1, "你好", "Hello")], source.kind
+        assert bad.count == 0
+
+
+def test_bom_only_at_the_start_of_a_file(tmp_path):
+    """A BOM later in a file is text (U+FEFF), not a marker; it is kept as the file has it."""
+    (tmp_path / "a.tsv").write_bytes("你好\tHello\n".encode() + BOM + "再见\tBye\n".encode())
+    rows = list(read_split(Source("tsv", (tmp_path / "a.tsv",), "a"), RECIPES["tatoeba"], DataConfig(), BadLines("a")))
+    assert rows == [(1, "你好", "Hello"), (2, "\ufeff再见", "Bye")]

@@ -61,8 +61,22 @@ def tatoeba_test_pairs(shared: Path, per_code: int = 12) -> tuple[list[dict], li
     return [rows[i] for i in picked], [codes[i] for i in picked]
 
 
-def make_tiny_run(root: Path, shared: Path) -> Path:
-    """A run dir as the pipeline leaves it: config, vocab, corpus/test.*, a random-init final checkpoint."""
+def synthetic_test_pairs(per_code: int = 12, seed: int = 7) -> tuple[list[dict], list[str]]:
+    """`per_code` Simplified then `per_code` Traditional pairs of tests/synthetic.py, as tatoeba_test_pairs."""
+    from synthetic import pairs, script_code
+
+    rows = pairs(20 * per_code, seed=seed, traditional=0.5)
+    picked = [[{"zh": z, "en": e} for z, e in rows if script_code(z) == code][:per_code] for code in CODES]
+    return picked[0] + picked[1], [CODES[0]] * per_code + [CODES[1]] * per_code
+
+
+CODES = ("cmn_Hans", "cmn_Hant")
+
+
+def make_tiny_run(root: Path, shared: Path | None = None) -> Path:
+    """A run dir as the pipeline leaves it: config, vocab, corpus/test.*, a random-init final checkpoint.
+
+    Text from tests/synthetic.py, or from the real mirror `shared` when given."""
     import sentencepiece as spm
     from safetensors.torch import save_file
 
@@ -75,10 +89,16 @@ def make_tiny_run(root: Path, shared: Path) -> Path:
     )
     run = root / "run"
     (run / "vocab").mkdir(parents=True)
-    train = _jsonl(shared / "tatoeba-zh-en" / "train.jsonl", 300)
+    if shared is None:
+        from synthetic import vocab_pairs
+
+        train = [{"zh": z, "en": e} for z, e in vocab_pairs(300)]
+        pairs, codes = synthetic_test_pairs()
+    else:
+        train = _jsonl(shared / "tatoeba-zh-en" / "train.jsonl", 300)
+        pairs, codes = tatoeba_test_pairs(shared)
     _train_spm([normalize_source(p["zh"], config.data) for p in train], run / "vocab" / "zh", 1500, True)
     _train_spm([normalize_target(p["en"], config.data) for p in train], run / "vocab" / "en", 500, False)
-    pairs, codes = tatoeba_test_pairs(shared)
     corpus = run / "corpus"
     corpus.mkdir()
     for name, lines in (("test.zh", [p["zh"] for p in pairs]), ("test.en", [p["en"] for p in pairs])):
@@ -98,11 +118,7 @@ def make_tiny_run(root: Path, shared: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_run_dir(tmp_path_factory, request) -> Path:
-    from conftest import SHARED_DATA
-
-    if not (SHARED_DATA / "tatoeba-zh-en" / "train.jsonl").is_file():
-        pytest.skip(f"real corpus mirror not found at {SHARED_DATA}")
-    return make_tiny_run(tmp_path_factory.mktemp("translate"), SHARED_DATA)
+    return make_tiny_run(tmp_path_factory.mktemp("translate"))
 
 
 # --------------------------------------------------------------------------- a model whose output is its input
@@ -367,3 +383,23 @@ def test_spans_are_masked_for_the_model_and_restored_from_every_mistake():
 def test_vocabulary_without_placeholders_is_not_masked():
     t = _scripted({"我爱 AI": "I love AI."}, placeholders=False)  # a run trained before pass-through
     assert t.masker is None and t.translate(["我爱 AI"]) == ["I love AI."]
+
+
+def test_translate_input_file_with_a_bom(tmp_path, monkeypatch):
+    """`nmt translate --input` on a file saved with a UTF-8 BOM: the model never sees U+FEFF."""
+    import nmt.translate as tr
+
+    seen: list[str] = []
+
+    class Recorder:
+        def translate_stream(self, lines, beam, nbest, len_penalty, *args):
+            for line in lines:
+                seen.append(line)
+                yield line.strip()
+
+    monkeypatch.setattr(tr.Translator, "from_options", classmethod(lambda cls, opts: Recorder()))
+    src, out = tmp_path / "in.zh", tmp_path / "out.en"
+    src.write_bytes("\ufeff".encode() + "你好。\n我爱你。\n".encode())
+    assert tr.translate_to(tr.InferenceOptions(tmp_path), input_path=src, output_path=out) == 2
+    assert [line.rstrip("\n") for line in seen] == ["你好。", "我爱你。"]
+    assert out.read_text(encoding="utf-8") == "你好。\n我爱你。\n"

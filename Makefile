@@ -32,7 +32,7 @@ format: setup
 # The local mirror is used when its directory exists; otherwise the corpus comes from the hub.
 demo: setup
 	$(if $(wildcard $(MIRROR)),NMT_MIRROR=$(MIRROR) )$(BIN)/nmt pipeline --config $(CONFIG)
-	$(BIN)/nmt translate "我爱 AI" "你好，世界。" "我明天要去北京。"
+	$(BIN)/nmt translate "我爱 AI" "你好，世界。" "我明天要去北京。" "我在2024年买了一部iPhone 15，花了3.5%的工资。" "详情请见https://example.org，谢谢。"
 	@echo "Try it in a browser: $(BIN)/nmt serve   (then open http://127.0.0.1:8080/; API docs at /docs)"
 
 bench: setup

@@ -13,7 +13,7 @@ $(BIN)/nmt: pyproject.toml
 	# The CPU build of torch 2.13.0 is on disk on our machines; pin it first so that the
 	# package's torch range does not pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,ctranslate2]'
+	$(BIN)/pip install -q -e '.[dev,serve,ctranslate2]'
 	@touch $(BIN)/nmt
 
 setup: $(BIN)/nmt
@@ -32,7 +32,8 @@ format: setup
 # The local mirror is used when its directory exists; otherwise the corpus comes from the hub.
 demo: setup
 	$(if $(wildcard $(MIRROR)),NMT_MIRROR=$(MIRROR) )$(BIN)/nmt pipeline --config $(CONFIG)
-	$(BIN)/nmt translate "我爱 AI" "你好，世界。" "我明天要去北京。"
+	$(BIN)/nmt translate "我爱 AI" "你好，世界。" "我明天要去北京。" "我在2024年买了一部iPhone 15，花了3.5%的工资。" "详情请见https://example.org，谢谢。"
+	@echo "Try it in a browser: $(BIN)/nmt serve   (then open http://127.0.0.1:8080/; API docs at /docs)"
 
 bench: setup
 	$(BIN)/python scripts/bench_train.py

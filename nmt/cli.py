@@ -143,6 +143,9 @@ def translate(
     device: DeviceOpt = "auto",
     precision: PrecisionOpt = "auto",
     engine: EngineOpt = "native",
+    attention: Annotated[
+        Path | None, typer.Option("--attention", help="Also write a cross-attention heatmap per sentence: DIR/<n>.png.")
+    ] = None,
 ) -> None:
     """Translate Chinese text with a trained run (default: the newest run under runs/ with a model).
 
@@ -152,7 +155,26 @@ def translate(
     if texts and input:
         raise NmtError("give sentences as arguments or --input FILE, not both")
     opts = InferenceOptions(run, checkpoint, device, precision, engine, beam, nbest, len_penalty)
+    if attention is not None:
+        from nmt.plot import translate_with_attention
+
+        if nbest > 1:
+            raise NmtError("--attention draws the best translation of each line; drop --nbest")
+
+        n = translate_with_attention(opts, _read_lines(texts, input), attention, output)
+        typer.echo(f"wrote {n} heatmaps to {attention}", err=True)
+        return
     translate_to(opts, texts=texts, input_path=input, output_path=output)
+
+
+def _read_lines(texts: list[str] | None, path: Path | None) -> list[str]:
+    """Sentences from the arguments, a file or stdin (invalid UTF-8 becomes U+FFFD)."""
+    if texts:
+        return list(texts)
+    if path is not None and not path.is_file():
+        raise NmtError(f"{path}: input file not found")
+    data = path.read_bytes() if path is not None else sys.stdin.buffer.read()
+    return data.decode("utf-8", errors="replace").splitlines()
 
 
 @app.command(name="eval")
@@ -247,6 +269,50 @@ def summary(
     cfg, _ = _setup(config, set_, run, create=False)
     model = build_model(cfg, src_vocab or cfg.vocab.src_size, tgt_vocab or cfg.vocab.tgt_size)
     typer.echo(model_summary(model))
+
+
+@app.command()
+@user_errors
+def serve(
+    run: RunOpt = None,
+    checkpoint: CheckpointOpt = None,
+    beam: BeamOpt = None,
+    device: DeviceOpt = "auto",
+    precision: PrecisionOpt = "auto",
+    engine: EngineOpt = "native",
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="0 = any free port.")] = 8080,
+    max_sentences: Annotated[int, typer.Option("--max-sentences", min=1, help="Sentences per request.")] = 64,
+    max_chars: Annotated[int, typer.Option("--max-chars", min=1, help="Characters per sentence.")] = 2000,
+    max_beam: Annotated[int, typer.Option("--max-beam", min=1, help="Largest beam a request may ask for.")] = 16,
+    batch_wait_ms: Annotated[float, typer.Option("--batch-wait-ms", min=0, help="Wait for company.")] = 5.0,
+    max_batch: Annotated[int, typer.Option("--max-batch", min=1, help="Sentences per model call.")] = 64,
+) -> None:
+    """Serve a run over HTTP: JSON API (/translate, /docs) and a web page at / (needs nmt[serve])."""
+    try:
+        from nmt.serve import ServeLimits, ServeOptions
+        from nmt.serve import serve as run_server
+    except ImportError as e:
+        raise NmtError(f"nmt serve needs the serve extra ({e.name} is missing): pip install 'nmt[serve]'") from None
+    from nmt.batcher import BatchLimits
+    from nmt.translate import InferenceOptions
+
+    limits = ServeLimits(max_sentences, max_chars, max_beam=max_beam, batch=BatchLimits(batch_wait_ms, max_batch))
+    opts = InferenceOptions(run, checkpoint, device, precision, engine, beam)
+    run_server(opts, ServeOptions(host, port, limits))
+
+
+@app.command()
+@user_errors
+def plot(
+    run: RunOpt = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Directory (default <run>/plots).")] = None,
+) -> None:
+    """Write a run's training curves (loss, validation BLEU, lr, tokens/s) as PNG files."""
+    from nmt.plot import plot_run
+
+    for path in plot_run(_run_dir(run), output):
+        typer.echo(f"wrote {path}")
 
 
 def _run_dir(run: Path | None) -> Path:

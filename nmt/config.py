@@ -25,6 +25,10 @@ class ConfigError(NmtError):
     """A config file or override that cannot be used."""
 
 
+# Span kinds that pass through translation unchanged (nmt/passthrough.py).
+PASSTHROUGH_KINDS = ("latin", "number", "url", "email", "marked")
+
+
 @dataclass
 class DataConfig:
     corpus: str = "tatoeba"  # a recipe name (see nmt.corpus.RECIPES)
@@ -39,6 +43,9 @@ class DataConfig:
     dedup: bool = True  # drop exact duplicate training pairs
     filter_overlap: bool = True  # drop training pairs whose zh or en side is in valid/test
     seed: int = 1
+    # Span kinds copied verbatim through placeholders (nmt/passthrough.py); [] turns pass-through off.
+    passthrough: list[str] = field(default_factory=lambda: list(PASSTHROUGH_KINDS))
+    protected_terms: list[str] = field(default_factory=list)  # always passed through (case-sensitive)
 
 
 @dataclass
@@ -238,6 +245,12 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
             hint_text = suggest(str(value), choices)
             raise ConfigError(f"{source}: {key}: {value!r} is not one of {' | '.join(choices)}{hint_text}")
         return value
+    if origin is list:  # a YAML list, or a comma-separated string ("latin,number"; "" = [])
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise _type_error(value, hint, key, source)
+        return [_coerce(v, args[0], key, source) for v in value]
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise _type_error(value, hint, key, source)
@@ -350,6 +363,10 @@ def _check_data(data: DataConfig, need: Need) -> None:
     need(data.max_chars > 0, "data.max_chars", "must be positive")
     need(data.max_ratio >= 1.0, "data.max_ratio", "must be >= 1")
     need(data.max_train_pairs is None or data.max_train_pairs > 0, "data.max_train_pairs", "must be positive")
+    for kind in data.passthrough:
+        need(kind in PASSTHROUGH_KINDS, "data.passthrough", f"unknown kind {kind!r}{suggest(kind, PASSTHROUGH_KINDS)}")
+    for term in data.protected_terms:
+        need(term.strip() == term != "" and "\n" not in term, "data.protected_terms", f"{term!r}: blank or padded term")
     # Host-dependent needs (flash attention needs CUDA) are checked where the model runs
     # (nmt.attention.resolve_backend), not here: a run trained on a GPU must load anywhere.
 

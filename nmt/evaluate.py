@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 from sacrebleu.metrics import BLEU, CHRF, TER
 
+from nmt import passthrough
 from nmt.config import Config, config_to_dict
 from nmt.errors import NmtError
 from nmt.runs import atomic_write_json, atomic_write_text
@@ -151,6 +152,7 @@ def _decode_and_score(
     result = score(hyps, ref_lines, tgt_lang, ter=ter)
     if codes is not None:
         result["by_code"] = score_by_code(hyps, ref_lines, codes, tgt_lang)
+    result["passthrough"] = passthrough.score_lines(translator.config.data, src_lines, ref_lines, hyps)
     st = translator.stats
     secs = max(st.seconds, 1e-9)
     result["speed"] = {
@@ -268,6 +270,7 @@ def markdown_report(report: dict[str, Any]) -> str:
         f"- decoding: {sp['sentences_per_s']} sentences/s, {sp['tgt_tokens_per_s']} target tokens/s "
         f"({sp['seconds']} s, {report['decode']['device']}, {report['decode']['precision']})",
     ]
+    lines.append(f"- {passthrough.describe(report['passthrough'])}: source spans also in the reference")
     if "ter" in report:
         lines.append(f"- TER {report['ter']:.2f} (`{report['ter_signature']}`)")
     return "\n".join(lines) + "\n"
@@ -281,6 +284,7 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
     for row in _rows(report):
         table.add_row(*row)
     console.print(table)
+    console.print(passthrough.describe(report["passthrough"]), highlight=False)
     console.print(f"BLEU {report['bleu_signature']}", highlight=False)
     console.print(f"chrF {report['chrf_signature']}", highlight=False)
     sp = report["speed"]

@@ -5,6 +5,10 @@ exactly what training did to the source side), the source SentencePiece model, a
 `model.max_positions - 1` pieces (+ EOS; longer lines are truncated with one warning on stderr
 naming the line number). Blank lines give empty outputs without reaching the model.
 
+Pass-through spans (Latin words, numbers, URLs, e-mails, marked text; nmt/passthrough.py) are
+replaced by placeholders after normalisation and restored in each output, when the run's
+vocabularies hold the placeholders; `self.masks` keeps the spans of the last encoded lines.
+
 Lines are decoded in length-sorted batches bounded by `decode.max_tokens` (padded source
 tokens) and `decode.batch_size` (sentences); outputs come back in input order. `beam=1` uses
 greedy search (the same output as a beam of one, faster), except in `translate_nbest`, which
@@ -34,6 +38,7 @@ from nmt.config import Config, load_config
 from nmt.device import resolve_device
 from nmt.engines import ENGINES, NativeEngine
 from nmt.errors import NmtError
+from nmt.passthrough import Masked, mask, masker, restore
 
 CHUNK_LINES = 2000  # lines read ahead (and sorted by length) by translate_stream
 
@@ -94,6 +99,8 @@ class Translator:
         self.checkpoint = checkpoint
         self.max_src_pieces = config.model.max_positions - 1  # + EOS
         self.stats = DecodeStats()
+        self.masker = masker(config.data, src_tok, tgt_tok)  # pass-through spans (nmt/passthrough.py)
+        self.masks: list[Masked | None] = []  # per line of the last `encode_sources` call
 
     @classmethod
     def from_run(
@@ -197,6 +204,9 @@ class Translator:
         from nmt.corpus import normalize_source
 
         texts = [normalize_source(line, self.config.data) for line in lines]
+        detector = self.masker
+        self.masks = [mask(t, detector.find(t)) if detector else None for t in texts]
+        texts = [m.text if m else t for m, t in zip(self.masks, texts, strict=True)]
         keep = [i for i, t in enumerate(texts) if t]
         ids: list[list[int]] = [[] for _ in lines]
         for i, seq in zip(keep, self.src_tok.encode_batch([texts[i] for i in keep]), strict=True):
@@ -240,11 +250,12 @@ class Translator:
         if beam < 1 or not 1 <= nbest <= beam:
             raise NmtError(f"--nbest {nbest} must be between 1 and the beam size ({beam})")
         ids = self.encode_sources(lines, first_line)
+        masks = self.masks
         results: list[list[tuple[str, float]]] = [[] for _ in lines]
         for group in self.batches(ids):
             hyps = self._search([ids[i] for i in group], beam, nbest, lp, greedy=beam == 1 and not scores)
             for i, h in zip(group, hyps, strict=True):
-                results[i] = [(self.tgt_tok.decode(_clean(tokens)), s) for tokens, s in h]
+                results[i] = [(_restore(self.tgt_tok.decode(_clean(tokens)), masks[i]), s) for tokens, s in h]
         return results
 
     def _search(
@@ -282,6 +293,11 @@ def _load_model(config: Config, state: dict, src_vocab: int, tgt_vocab: int, pat
         first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
         raise NmtError(f"{path}: does not fit the vocabularies beside it ({first})") from None
     return model
+
+
+def _restore(text: str, masked: Masked | None) -> str:
+    """Placeholders back to their source spans (nmt.passthrough.restore's rule)."""
+    return restore(text, masked) if masked is not None else text
 
 
 def _clean(tokens: list[int]) -> list[int]:

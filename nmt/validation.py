@@ -8,7 +8,8 @@ logits at the real target positions only (the ``keep`` path, packed (N, V)).
 
 BLEU and chrF come from greedy decoding of a fixed (seeded) subset of ``train.eval_sentences``
 validation sentences, detokenised with the target tokenizer and scored with
-``nmt.evaluate.score`` against the raw references in ``<run>/corpus/valid.en``. Runs without
+``nmt.evaluate.score`` against the raw references in ``<run>/corpus/valid.en``; pass-through placeholders that
+``nmt vocab`` put into the valid sources are restored first. Runs without
 a vocabulary (synthetic tasks written straight to ``<run>/bin``) score the id sequences,
 joined by spaces, against the reference ids.
 """
@@ -29,6 +30,7 @@ from nmt.checkpoint import unwrap
 from nmt.config import Config
 from nmt.device import autocast
 from nmt.objective import label_smoothed_nll
+from nmt.passthrough import Masked, mask_pair, masker, restore
 
 DECODE_BATCH = 64
 
@@ -43,6 +45,7 @@ class Validator:
         self.sampler = TokenBatchSampler(*lengths, budget, longest, seed=t.seed, shuffle=False)
         n = min(t.eval_sentences, len(dataset))
         self.subset = np.sort(np.random.default_rng(t.seed).choice(len(dataset), size=n, replace=False))
+        self.masks: list[Masked] = []  # pass-through masks of the subset's sources (set by _texts)
         self.sources, self.refs = self._texts(Path(run_dir))
 
     def _texts(self, run_dir: Path) -> tuple[list[str], list[str]]:
@@ -52,12 +55,18 @@ class Validator:
         if self.use_text:
             refs = ref_file.read_text(encoding="utf-8").split("\n")
             srcs = src_file.read_text(encoding="utf-8").split("\n") if src_file.is_file() else refs
-            return [srcs[i] for i in self.subset], [refs[i] for i in self.subset]
+            srcs, refs = [srcs[i] for i in self.subset], [refs[i] for i in self.subset]
+            self.masks = _pair_masks(self.config, self.tokenizer, srcs, refs)
+            return srcs, refs
         pairs = [self.dataset.pair(int(i)) for i in self.subset]
         return [_ids_text(s) for s, _ in pairs], [_ids_text(t) for _, t in pairs]
 
-    def detok(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids) if self.use_text else _ids_text(ids)
+    def detok(self, ids: list[int], k: int = -1) -> str:
+        """Text of subset sentence k's output ids (pass-through placeholders restored)."""
+        if not self.use_text:
+            return _ids_text(ids)
+        text = self.tokenizer.decode(ids)
+        return restore(text, self.masks[k]) if self.masks and k >= 0 else text
 
     @property
     def pairs(self) -> int:
@@ -104,7 +113,7 @@ class Validator:
             with autocast(self.device, self.config.train.precision):
                 out = greedy_search(model, src, max_len_a=d.max_len_a, max_len_b=d.max_len_b, min_len=d.min_len)
             for i, ids in zip(chunk, out, strict=True):
-                hyps[i] = self.detok(ids)
+                hyps[i] = self.detok(ids, int(i))
         return hyps
 
     def run(self, model: nn.Module) -> dict:
@@ -121,6 +130,19 @@ class Validator:
             "loss": loss, "ppl": ppl, "bleu": scores["bleu"], "chrf": scores["chrf"], "samples": samples,
             "pairs": self.pairs, "skipped": self.skipped,
         }  # fmt: skip
+
+
+def _pair_masks(config: Config, tokenizer: Any, srcs: list[str], refs: list[str]) -> list[Masked]:
+    """The masks `nmt vocab` put into the valid split's sources (none without pass-through)."""
+    from nmt.corpus import normalize_source, normalize_target
+
+    detector, data = masker(config.data, tokenizer), config.data
+    if detector is None:
+        return []
+    return [
+        mask_pair(normalize_source(s, data), normalize_target(r, data), detector)[0]
+        for s, r in zip(srcs, refs, strict=True)
+    ]
 
 
 def _ids_text(ids: Any) -> str:

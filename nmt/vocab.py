@@ -6,6 +6,11 @@ split into `<run>/bin` (valid/test sources and references pass through `normaliz
 `normalize_target` first, as train did). SentencePiece's own normalisation is off ("identity"):
 `nmt.corpus.normalize_*` is the one place text is normalised.
 
+Pass-through (`data.passthrough`, nmt/passthrough.py): the placeholders `⦅0⦆…` are
+user-defined symbols of both models, and SentencePiece trains on, and every split is encoded
+from, normalised copies in which spans found on both sides of a pair are masked (`corpus/`
+stays raw, so references are untouched).
+
 The stage stamp covers the corpus files, the vocab and data sections, so a changed corpus or
 vocabulary redoes both the models and the encoding.
 
@@ -25,6 +30,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 import sentencepiece as spm
@@ -37,6 +43,7 @@ from nmt.config import Config, VocabConfig
 from nmt.corpus import SPLITS, normalize_source, normalize_target
 from nmt.data import binarize
 from nmt.errors import NmtError
+from nmt.passthrough import PLACEHOLDERS, masked_corpus
 from nmt.readers import count_lines
 from nmt.runs import clear_stamp, hash_files, is_fresh, stamp_path, write_stamp
 
@@ -66,6 +73,10 @@ class Tokenizer:
     def piece(self, i: int) -> str:
         return self.sp.id_to_piece(int(i))
 
+    def has_pieces(self, pieces: Iterable[str]) -> bool:
+        """Whether every piece is a whole symbol of this model (e.g. the pass-through placeholders)."""
+        return all(self.sp.piece_to_id(p) != UNK_ID for p in pieces)
+
 
 def load_tokenizers(run_dir: Path, config: Config) -> tuple[Tokenizer, Tokenizer]:
     """(source, target) tokenizers of a run."""
@@ -91,7 +102,7 @@ def _char_counts(path: Path, max_lines: int) -> collections.Counter:
 
 
 def _fit_chars(
-    path: Path, size: int, coverage: float, byte_fallback: bool, key: str, max_lines: int
+    path: Path, size: int, coverage: float, byte_fallback: bool, key: str, max_lines: int, symbols: int = 0
 ) -> set[str] | None:
     """None when the characters `coverage` requires fit in `size`; else the most frequent ones that do.
 
@@ -100,7 +111,7 @@ def _fit_chars(
     """
     counts = _char_counts(path, max_lines)
     freqs = sorted(counts.values(), reverse=True)
-    total, reserved = sum(freqs), _META_PIECES + (_BYTE_PIECES if byte_fallback else 0)
+    total, reserved = sum(freqs), _META_PIECES + symbols + (_BYTE_PIECES if byte_fallback else 0)
     cumulative, needed = 0, 0
     for f in freqs:  # SentencePiece adds characters until the covered share reaches `coverage`
         if total and cumulative / total >= coverage:
@@ -158,12 +169,15 @@ def train_model(config: Config, text: Path, model: Path, side: str) -> dict:
     v, key = config.vocab, f"{side}_size"
     size, coverage = (v.src_size, v.src_coverage) if side == "src" else (v.tgt_size, v.tgt_coverage)
     byte_fallback = v.byte_fallback and side == "src"
-    allowed = _fit_chars(text, size, coverage, byte_fallback, key, v.max_sentences)
+    symbols = list(PLACEHOLDERS) if config.data.passthrough else []  # pass-through placeholders, never split
+    allowed = _fit_chars(text, size, coverage, byte_fallback, key, v.max_sentences, len(symbols))
     model.parent.mkdir(parents=True, exist_ok=True)
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{model.stem}.", dir=model.parent))
     try:
         source = _filtered_copy(text, tmp_dir / "input.txt", allowed, v.max_sentences) if allowed else text
         opts = _spm_options(v, source, tmp_dir / "m", size, coverage, byte_fallback)
+        if symbols:
+            opts["user_defined_symbols"] = symbols
         spm.set_random_generator_seed(config.data.seed)
         try:
             spm.SentencePieceTrainer.train(**opts)
@@ -191,19 +205,24 @@ def train_model(config: Config, text: Path, model: Path, side: str) -> dict:
 # --------------------------------------------------------------------------- encoding and report
 
 
-def _encode_splits(config: Config, run_dir: Path, langs: tuple[str, str]) -> dict:
-    """Encode every split and language into <run>/bin; returns counts per split and language."""
+def _encode_splits(config: Config, run_dir: Path, langs: tuple[str, str], masked: dict | None = None) -> dict:
+    """Encode every split and language into <run>/bin; returns counts per split and language.
+
+    `masked` (from `nmt.passthrough.masked_corpus`): normalised, masked texts to encode instead.
+    """
     data, corpus = config.data, run_dir / "corpus"
     normalizers = {"train": (None, None)}
     normalizers |= dict.fromkeys(
         ("valid", "test"),
-        (functools.partial(normalize_source, data=data), functools.partial(normalize_target, data=data)),
+        (None, None)
+        if masked
+        else (functools.partial(normalize_source, data=data), functools.partial(normalize_target, data=data)),
     )
     counts: dict = {}
     with Progress(console=Console(stderr=True), transient=True) as progress:
         for split in SPLITS:
             for lang, normalize in zip(langs, normalizers[split], strict=True):
-                text = corpus / f"{split}.{lang}"
+                text = masked[f"{split}.{lang}"] if masked else corpus / f"{split}.{lang}"
                 task = progress.add_task(f"encode {split}.{lang}", total=count_lines(text))
                 model, out = run_dir / "vocab" / f"{lang}.model", run_dir / "bin" / f"{split}.{lang}"
                 advance = functools.partial(progress.advance, task)
@@ -265,11 +284,15 @@ def build_vocab(config: Config, run_dir: Path) -> dict:
         Console(stderr=True).print(f"vocab: {run_dir / 'vocab'} is up to date (skipped)")
         return json.loads(stamp_path(run_dir, "vocab").read_text(encoding="utf-8"))["report"]
     clear_stamp(run_dir, "vocab")
-    models = {
-        lang: train_model(config, run_dir / "corpus" / f"train.{lang}", run_dir / "vocab" / f"{lang}.model", side)
-        for lang, side in zip(langs, ("src", "tgt"), strict=True)
-    }
-    report = _report(models, _encode_splits(config, run_dir, langs), langs)
+    with masked_corpus(config, run_dir, SPLITS) as masked:  # None when pass-through is off
+        texts = masked or {f"train.{lang}": run_dir / "corpus" / f"train.{lang}" for lang in langs}
+        models = {
+            lang: train_model(config, texts[f"train.{lang}"], run_dir / "vocab" / f"{lang}.model", side)
+            for lang, side in zip(langs, ("src", "tgt"), strict=True)
+        }
+        report = _report(models, _encode_splits(config, run_dir, langs, masked), langs)
+        if masked:
+            report["passthrough"] = masked["stats"]
     print_report(report, langs)
     write_stamp(run_dir, "vocab", digest, {"report": report})
     return report

@@ -222,6 +222,25 @@ def test_src_ref_mismatch_names_both_files(tiny_run_dir, tmp_path):
         evaluate_run(config, run, EvalJob(split="valid"), translator=_oracle(run), quiet=True)
 
 
+def test_passthrough_score_in_report_table_and_markdown(tmp_path, capsys):
+    """Of the source spans also in the reference, the share the output keeps (no real data needed)."""
+    from nmt.config import config_from_dict
+
+    config = config_from_dict({"data": {"passthrough": []}})  # off: scored on every kind all the same
+    src, ref = tmp_path / "s.zh", tmp_path / "r.en"
+    src.write_text("我爱 AI。\n我在２０２４年见过Tom。\n他有三个苹果。\n", encoding="utf-8")
+    ref.write_text("I love AI.\nI met Tom in 2024.\nHe has 3 apples.\n", encoding="utf-8")
+    outputs = {
+        "我爱 AI。": "I love the president.",
+        "我在２０２４年见过Tom。": "I saw Tom in 2024.",
+        "他有三个苹果。": "x",
+    }
+    report = evaluate_run(config, tmp_path, EvalJob(src=src, ref=ref), translator=OracleTranslator(outputs, config))
+    assert report["passthrough"] == {"spans": 3, "kept": 2, "accuracy": pytest.approx(2 / 3)}
+    assert "pass-through 66.7% (2 of 3 spans kept)" in capsys.readouterr().out
+    assert "pass-through 66.7%" in (tmp_path / "eval" / f"{report['name']}.md").read_text(encoding="utf-8")
+
+
 def test_read_lines_ignores_a_bom(tmp_path):
     """`nmt eval --src/--ref` files saved with a UTF-8 BOM: the first line is the sentence, not U+FEFF + it."""
     path = tmp_path / "ref.en"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -320,6 +321,97 @@ def test_translate_to_file(tiny_run_dir, tmp_path):
     n = translate_to(InferenceOptions(tiny_run_dir, device="cpu", beam=2), input_path=src, output_path=out)
     lines = out.read_text(encoding="utf-8").split("\n")
     assert n == 3 and len(lines) == 4 and lines[1] == "" and lines[3] == ""
+
+
+# --------------------------------------------------------------------------- pass-through spans (no real data needed)
+
+
+class _CharTok:
+    """A tokenizer of single characters plus the pass-through placeholders as whole pieces."""
+
+    def __init__(self, placeholders: bool = True):
+        from nmt.passthrough import PLACEHOLDERS
+
+        self.pieces = ["<pad>", "<unk>", "<s>", "</s>", *(PLACEHOLDERS if placeholders else ())]
+        self.pattern = re.compile("|".join(map(re.escape, self.pieces[4:])) + "|." if placeholders else ".", re.S)
+        self.vocab_size = 200
+
+    def _id(self, piece: str) -> int:
+        if piece not in self.pieces:
+            self.pieces.append(piece)
+        return self.pieces.index(piece)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [[self._id(p) for p in self.pattern.findall(t)] for t in texts]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.pieces[i] for i in ids)
+
+    def has_pieces(self, pieces) -> bool:
+        return all(p in self.pieces for p in pieces)
+
+
+class _ScriptedEngine:
+    """Answers each (masked) source with a scripted output text: the model's mistakes on demand."""
+
+    name, device, precision = "scripted", torch.device("cpu"), "fp32"
+
+    def __init__(self, tok: _CharTok, script: dict[str, str]):
+        self.tok, self.script, self.seen = tok, script, []
+
+    def search(self, seqs, beam, nbest, len_penalty, greedy):
+        out = []
+        for s in seqs:
+            self.seen.append(self.tok.decode(s))
+            out.append([(self.tok.encode_batch([self.script[self.seen[-1]]])[0], 0.0)] * nbest)
+        return out
+
+
+def _scripted(script: dict[str, str], placeholders: bool = True):
+    from nmt.config import config_from_dict
+    from nmt.translate import Translator
+
+    tok = _CharTok(placeholders)
+    config = config_from_dict({"data": {"t2s": False}, "decode": {"beam": 2}})
+    return Translator(None, tok, tok, config, engine=_ScriptedEngine(tok, script))
+
+
+def test_spans_are_masked_for_the_model_and_restored_from_every_mistake():
+    from nmt.passthrough import CLOSE, OPEN, PLACEHOLDERS
+
+    p = PLACEHOLDERS
+    script = {
+        f"我爱 {p[0]}": f"I love {p[0]}.",  # copied
+        f"{p[0]}在{p[1]}年发布": "It was released.",  # both dropped: appended
+        f"访问{p[0]},谢谢。": f"Visit {p[0]} {p[0]} {p[3]}, thanks.",  # repeated and invented
+        f"用{p[0]}发邮件": f"Mail {OPEN}{p[0]}{CLOSE}",  # stray placeholder fragments
+        "你好": f"Hello {p[5]}",  # invented in a sentence without spans
+    }
+    t = _scripted(script)
+    lines = [
+        "我爱 AI",
+        "iPhone15在２０２４年发布",
+        "访问https://example.org/x，谢谢。",
+        "用`tom@example.com`发邮件",
+        "你好",
+    ]
+    out = t.translate(lines)
+    assert out == [
+        "I love AI.",
+        "It was released iPhone15 2024.",
+        "Visit https://example.org/x, thanks.",
+        "Mail tom@example.com",
+        "Hello",
+    ]
+    assert set(t.engine.seen) == set(script)  # the model saw placeholders, never the spans
+    nbest = t.translate_nbest(lines[:1], beam=2, nbest=2)[0]
+    assert [text for text, _ in nbest] == ["I love AI."] * 2
+    assert not any(OPEN in o or CLOSE in o for o in out)
+
+
+def test_vocabulary_without_placeholders_is_not_masked():
+    t = _scripted({"我爱 AI": "I love AI."}, placeholders=False)  # a run trained before pass-through
+    assert t.masker is None and t.translate(["我爱 AI"]) == ["I love AI."]
 
 
 def test_translate_input_file_with_a_bom(tmp_path, monkeypatch):

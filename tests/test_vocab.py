@@ -15,6 +15,7 @@ from nmt.config import Config, config_from_dict
 from nmt.corpus import normalize_source, normalize_target, prepare_corpus
 from nmt.data import ParallelSplit
 from nmt.errors import NmtError
+from nmt.passthrough import PLACEHOLDERS, Detector, mask_pair
 from nmt.vocab import Tokenizer, build_vocab, load_tokenizers
 
 
@@ -102,16 +103,18 @@ def test_binarized_arrays_decode_back_to_the_corpus(real_run):
     train = ParallelSplit.open(run, "train", cfg)
     train_zh, train_en = lines(run / "corpus/train.zh"), lines(run / "corpus/train.en")
     assert len(train) == len(train_zh) == 1500
-    assert [src.decode(train.pair(i)[0].tolist()) for i in range(len(train))] == train_zh
-    assert [tgt.decode(train.pair(i)[1].tolist()) for i in range(0, len(train), 7)] == train_en[::7]
+    masked = [mask_pair(z, e, Detector.from_data(cfg.data)) for z, e in zip(train_zh, train_en, strict=True)]
+    assert [src.decode(train.pair(i)[0].tolist()) for i in range(len(train))] == [m.text for m, _ in masked]
+    assert [tgt.decode(train.pair(i)[1].tolist()) for i in range(0, len(train), 7)] == [t for _, t in masked[::7]]
     valid = ParallelSplit.open(run, "valid", cfg)
-    valid_zh = lines(run / "corpus/valid.zh")
-    assert [src.decode(valid.pair(i)[0].tolist()) for i in range(0, len(valid), 5)] == [
-        normalize_source(z, cfg.data) for z in valid_zh[::5]
-    ]  # valid sources are encoded as translation will see them
-    assert valid.src_lengths.tolist()[:50] == [len(src.encode(normalize_source(z, cfg.data))) for z in valid_zh[:50]]
-    valid_en = lines(run / "corpus/valid.en")
-    assert valid.tgt_lengths.tolist()[:50] == [len(tgt.encode(normalize_target(e, cfg.data))) for e in valid_en[:50]]
+    valid_zh, valid_en = lines(run / "corpus/valid.zh"), lines(run / "corpus/valid.en")
+    pairs = [
+        mask_pair(normalize_source(z, cfg.data), normalize_target(e, cfg.data), Detector.from_data(cfg.data))
+        for z, e in zip(valid_zh, valid_en, strict=True)
+    ]  # valid pairs are normalised as translation will see them, and masked as train is
+    assert [src.decode(valid.pair(i)[0].tolist()) for i in range(0, len(valid), 5)] == [m.text for m, _ in pairs[::5]]
+    assert valid.src_lengths.tolist()[:50] == [len(src.encode(m.text)) for m, _ in pairs[:50]]
+    assert valid.tgt_lengths.tolist()[:50] == [len(tgt.encode(t)) for _, t in pairs[:50]]
 
 
 def test_second_build_is_skipped(real_run):
@@ -141,6 +144,29 @@ def test_changed_vocab_config_redoes_models_and_encoding(real_run, tmp_path):
     new = ParallelSplit.open(run, "train", bigger)
     assert len(new.tgt_ids) < len(old)  # more pieces, shorter encoding: not the stale arrays
     assert int(new.tgt_ids.max()) >= 600
+
+
+def test_placeholders_are_whole_pieces_of_both_models(real_run):
+    cfg, run, report = real_run
+    src, tgt = load_tokenizers(run, cfg)
+    assert src.has_pieces(PLACEHOLDERS) and tgt.has_pieces(PLACEHOLDERS)
+    assert PLACEHOLDERS[3] in [src.piece(i) for i in src.encode(f"我爱{PLACEHOLDERS[3]}。")]
+    assert PLACEHOLDERS[9] in [tgt.piece(i) for i in tgt.encode(f"I love{PLACEHOLDERS[9]}s.")]
+    assert report["passthrough"]["train"]["pairs"] == 1500  # masked pairs: tests/test_passthrough.py
+
+
+def test_turning_passthrough_off_redoes_vocab_without_placeholders(real_run, tmp_path):
+    run = copy_run(tmp_path, real_run, with_vocab=True)
+    stamp = (run / "vocab.stamp.json").read_text()
+    off = config(passthrough=[])
+    report = build_vocab(off, run)
+    assert (run / "vocab.stamp.json").read_text() != stamp and "passthrough" not in report
+    src, tgt = load_tokenizers(run, off)
+    assert not src.has_pieces(PLACEHOLDERS[:1]) and not tgt.has_pieces(PLACEHOLDERS[:1])
+    train = ParallelSplit.open(run, "train", off)
+    assert [src.decode(train.pair(i)[0].tolist()) for i in range(len(train))] == lines(run / "corpus/train.zh")
+    build_vocab(config(passthrough=["number"]), run)  # another set of kinds: another stamp
+    assert load_tokenizers(run, off)[0].has_pieces(PLACEHOLDERS)
 
 
 def test_changed_corpus_redoes_vocab(real_run, tmp_path):

@@ -1,0 +1,88 @@
+"""What a run recorded, read back for people: training curves and eval reports.
+
+Curves come from the TensorBoard scalars the trainer writes (`<run>/tb/`, see
+`nmt/trainlog.py`): tags `train/loss`, `train/lr`, `train/tokens_per_s`, ..., `valid/bleu`,
+`valid/loss`, ... Every scalar is kept (no sampling); when a step was logged twice (a resumed
+run), the later value wins. Eval reports are `<run>/eval/*.json` (`nmt/evaluate.py`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nmt.errors import NmtError
+
+# the curves a person looks at first, in display order: (tag, title, y-axis label)
+MAIN_CURVES = (
+    ("train/loss", "training loss", "label-smoothed NLL per target token"),
+    ("valid/bleu", "validation BLEU (greedy)", "BLEU"),
+    ("train/lr", "learning rate", "lr"),
+    ("train/tokens_per_s", "training speed", "target tokens / s"),
+)
+
+
+@dataclass
+class Series:
+    """One scalar over training steps."""
+
+    tag: str  # e.g. "train/loss"
+    steps: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+
+
+def read_curves(run_dir: Path) -> dict[str, Series]:
+    """Every TensorBoard scalar of the run, by tag, steps ascending; {} when the run has no `tb/`."""
+    tb = Path(run_dir) / "tb"
+    if not tb.is_dir() or not any(tb.glob("events.out.tfevents.*")):
+        return {}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tb), size_guidance={"scalars": 0})  # 0 = keep every event
+    acc.Reload()
+    curves = {}
+    for tag in acc.Tags().get("scalars", []):
+        by_step = {int(e.step): float(e.value) for e in sorted(acc.Scalars(tag), key=lambda e: e.wall_time)}
+        steps = sorted(by_step)
+        curves[tag] = Series(tag, steps, [by_step[s] for s in steps])
+    return curves
+
+
+def curves_to_json(curves: dict[str, Series]) -> dict[str, Any]:
+    """{"curves": {tag: {"steps": [...], "values": [...]}}, "main": [[tag, title, unit], ...]}."""
+    return {
+        "curves": {t: {"steps": s.steps, "values": s.values} for t, s in curves.items()},
+        "main": [list(m) for m in MAIN_CURVES if m[0] in curves],
+    }
+
+
+def read_eval_reports(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's eval reports (`<run>/eval/*.json`), by name; unreadable files are skipped."""
+    reports = []
+    for path in sorted((Path(run_dir) / "eval").glob("*.json")):
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(report, dict) and "bleu" in report:
+            reports.append(report)
+    return reports
+
+
+def eval_summary(report: dict[str, Any]) -> dict[str, Any]:
+    """The lines of an eval report a page shows: name, scores with signatures, decoding, speed."""
+    keys = ("name", "split", "src", "checkpoint", "bleu", "chrf", "bleu_signature", "chrf_signature", "bleu_detail")
+    out = {k: report.get(k) for k in keys}
+    out["decode"] = {k: report.get("decode", {}).get(k) for k in ("beam", "engine", "precision", "device")}
+    out["speed"] = report.get("speed")
+    out["by_code"] = report.get("by_code")
+    return out
+
+
+def require_run(run_dir: Path) -> Path:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise NmtError(f"{run_dir}: run directory not found (pass --run DIR)")
+    return run_dir

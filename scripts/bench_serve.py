@@ -1,0 +1,212 @@
+#!/usr/bin/env python
+"""Load test of `nmt serve` against offline batch decoding of the same sentences, in one run.
+
+1. Offline ceiling: this process loads the run's model with the same settings and translates
+   all sentences in one `Translator.translate` call (length-sorted batches of decode.batch_size),
+   once before and once after the load test; the faster of the two is the ceiling.
+2. A real server (`python -m nmt serve --port 0`) on 127.0.0.1, loaded with the same settings.
+3. For each concurrency C: C client threads, one sentence per request, pull the sentences from
+   a shared list until it is used up or `--max-seconds` have passed. Reported: sentences/s
+   (answered / wall time), latency percentiles, errors (non-200 answers or answers that differ
+   from the offline translation), and the server's throughput as a share of the ceiling, per
+   wall second and per CPU second (server process CPU time vs this process's during the offline
+   runs: the steadier measure on a machine shared with other work).
+
+    python scripts/bench_serve.py /work/runs/small
+    python scripts/bench_serve.py runs/small --sentences 512 --concurrency 1,8,32 --beam 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from nmt.evaluate import read_lines  # noqa: E402
+from nmt.translate import InferenceOptions, Translator  # noqa: E402
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", type=Path, help="a trained run directory")
+    p.add_argument("--input", type=Path, default=None, help="sentences (default: <run>/corpus/test.zh)")
+    p.add_argument("--sentences", type=int, default=256, help="seeded sample of the input")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--concurrency", default="1,8,32")
+    p.add_argument("--max-seconds", type=float, default=120.0, help="per concurrency level")
+    p.add_argument("--beam", type=int, default=None, help="default: decode.beam of the run")
+    p.add_argument("--precision", default="auto")
+    p.add_argument("--batch-wait-ms", type=float, default=5.0)
+    p.add_argument("--max-batch", type=int, default=64)
+    return p.parse_args()
+
+
+@dataclass
+class Level:
+    clients: int
+    latencies: list[float] = field(default_factory=list)  # seconds per answered request
+    errors: int = 0  # non-200 or an answer that differs from the offline one
+    sent: int = 0
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0  # the server process's CPU time during the level
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
+    cmd = [sys.executable, "-m", "nmt", "serve", "--run", str(args.run), "--port", "0", "--precision", args.precision,
+           "--batch-wait-ms", str(args.batch_wait_ms), "--max-batch", str(args.max_batch)]  # fmt: skip
+    if args.beam:
+        cmd += ["--beam", str(args.beam)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    line = ""
+    while "http://127.0.0.1:" not in line and proc.poll() is None:  # after the model's loading messages
+        line = proc.stdout.readline()
+    if "http://127.0.0.1:" not in line:
+        proc.kill()
+        sys.exit(f"server did not start: {line}")
+    port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+    for _ in range(600):
+        try:
+            if post(port, "/health", None)[0] == 200:
+                return proc, port
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    sys.exit("server never became healthy")
+
+
+def post(port: int, path: str, body: dict | None) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        if body is None:
+            conn.request("GET", path)
+        else:
+            conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        return r.status, json.loads(r.read())
+    finally:
+        conn.close()
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc), all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load_level(port: int, sentences: list[str], expected: list[str], clients: int, max_seconds: float) -> Level:
+    level, lock, cursor = Level(clients), threading.Lock(), iter(range(len(sentences)))
+    deadline = time.perf_counter() + max_seconds
+
+    def client() -> None:
+        while time.perf_counter() < deadline:
+            with lock:
+                i = next(cursor, None)
+                if i is None:
+                    return
+                level.sent += 1
+            start = time.perf_counter()
+            try:
+                status, body = post(port, "/translate", {"text": sentences[i]})
+                ok = status == 200 and body["translations"][0]["text"] == expected[i]
+            except (OSError, ValueError, KeyError):
+                ok = False
+            with lock:
+                level.latencies.append(time.perf_counter() - start)
+                level.errors += not ok
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    level.seconds = time.perf_counter() - start
+    return level
+
+
+def offline_run(translator: Translator, sentences: list[str], beam: int | None) -> tuple[list[str], float, float]:
+    """All sentences in one `translate` call (length-sorted batches): outputs, sentences/s, sentences/CPU-s."""
+    start, cpu = time.perf_counter(), time.process_time()
+    outputs = translator.translate(sentences, beam=beam)
+    n = len(sentences)
+    return outputs, n / (time.perf_counter() - start), n / (time.process_time() - cpu)
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+def main() -> None:
+    args = parse_args()
+    lines = read_lines(args.input or args.run / "corpus" / "test.zh")
+    lines = [s for s in lines if s.strip()]
+    sentences = random.Random(args.seed).sample(lines, min(args.sentences, len(lines)))
+    translator = Translator.from_options(InferenceOptions(run_dir=args.run, precision=args.precision, beam=args.beam))
+    translator.translate(sentences[:8], beam=args.beam)  # warm-up
+    expected, before, cpu_rate = offline_run(translator, sentences, args.beam)
+    beam = args.beam or translator.config.decode.beam
+    settings = f"beam {beam}, {translator.engine.name} {translator.precision} on {translator.device}"
+    load = os.getloadavg()[0]
+
+    proc, port = start_server(args)
+    try:
+        post(port, "/translate", {"text": sentences[:8]})  # warm-up
+        levels = []
+        for c in args.concurrency.split(","):
+            cpu = process_cpu_seconds(proc.pid)
+            levels.append(load_level(port, sentences, expected, int(c), args.max_seconds))
+            levels[-1].cpu_seconds = process_cpu_seconds(proc.pid) - cpu
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    again, after, cpu_again = offline_run(translator, sentences, args.beam)
+    cpu_rate = max(cpu_rate, cpu_again)
+    offline = max(before, after)  # the ceiling: the faster of the runs before and after the load test
+    changed = sum(a != b for a, b in zip(expected, again, strict=True))
+
+    print(f"# nmt serve load test, {time.strftime('%Y-%m-%d')}: {args.run} ({settings})")
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} logical cores, load average {load:.1f} at the start)")
+    print(f"{len(sentences)} sentences, one per request; offline {before:.1f} sentences/s before the load test, "
+          f"{after:.1f} after (outputs changed between the two: {changed})")  # fmt: skip
+    print(f"command: python scripts/bench_serve.py {' '.join(sys.argv[1:])}\n")
+    head = ["clients", "answered", "errors", "sentences/s", "% of offline", "sentences/CPU-s", "% of offline"]
+    print("| " + " | ".join(head + ["p50 ms", "p95 ms", "p99 ms"]) + " |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| offline batch | {len(sentences)} | – | {offline:.1f} | 100% | {cpu_rate:.1f} | 100% | – | – | – |")
+    for lv in levels:
+        rate, per_cpu = len(lv.latencies) / lv.seconds, len(lv.latencies) / max(lv.cpu_seconds, 1e-9)
+        ms = [1000 * percentile(lv.latencies, q) for q in (50, 95, 99)]
+        cells = [lv.clients, f"{len(lv.latencies)}/{lv.sent}", lv.errors, f"{rate:.1f}", f"{100 * rate / offline:.0f}%"]
+        cells += [f"{per_cpu:.1f}", f"{100 * per_cpu / cpu_rate:.0f}%"] + [f"{m:.0f}" for m in ms]
+        print("| " + " | ".join(str(c) for c in cells) + " |")
+    lost = sum(lv.sent - len(lv.latencies) + lv.errors for lv in levels)
+    sys.exit(1 if lost else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Dynamic batching: requests gathered into shared model calls, results routed back in order, errors isolated."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from nmt.batcher import Batcher, BatchLimits, Decoding
+
+
+class FakeModel:
+    """Upper-cases lines; records every call; fails on lines containing 'boom'; can block on a gate."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.calls: list[tuple[list[str], Decoding]] = []
+        self.threads: set[str] = set()
+        self.delay = delay
+
+    def __call__(self, lines: list[str], settings: Decoding) -> list[list[tuple[str, float | None]]]:
+        self.calls.append((list(lines), settings))
+        self.threads.add(threading.current_thread().name)
+        time.sleep(self.delay)
+        if any("boom" in line for line in lines):
+            raise ValueError("boom")
+        return [[(line.upper() + "!" * settings.beam, -1.0)] for line in lines]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def _with_batcher(model, limits, body):
+    batcher = Batcher(model, limits)
+    batcher.start()
+    try:
+        return await body(batcher)
+    finally:
+        await batcher.close()
+
+
+def test_concurrent_requests_share_one_call_and_get_their_own_results_in_order():
+    model = FakeModel()
+    greedy = Decoding(beam=1)
+
+    async def body(b):
+        requests = [[f"r{i}a", f"r{i}b"] for i in range(10)]
+        return requests, await asyncio.gather(*(b.translate(r, greedy) for r in requests))
+
+    requests, results = run(_with_batcher(model, BatchLimits(max_wait_ms=50, max_batch=100), body))
+    for lines, result in zip(requests, results, strict=True):
+        assert [h[0][0] for h in result] == [line.upper() + "!" for line in lines]
+    assert len(model.calls) == 1 and len(model.calls[0][0]) == 20
+    assert model.threads == {next(iter(model.threads))} and "nmt-decode" in next(iter(model.threads))
+
+
+def test_max_batch_bounds_a_call_and_settings_are_never_mixed():
+    model = FakeModel()
+
+    async def body(b):
+        jobs = [b.translate([f"s{i}"], Decoding(beam=1 + i % 2)) for i in range(12)]
+        return await asyncio.gather(*jobs)
+
+    results = run(_with_batcher(model, BatchLimits(max_wait_ms=50, max_batch=4), body))
+    assert [r[0][0][0] for r in results] == [f"S{i}" + "!" * (1 + i % 2) for i in range(12)]
+    for lines, settings in model.calls:
+        assert len(lines) <= 4
+        assert all(int(line[1:]) % 2 == settings.beam - 1 for line in lines)  # one setting per call
+    assert sum(len(lines) for lines, _ in model.calls) == 12
+
+
+def test_a_failing_request_fails_alone():
+    model = FakeModel()
+
+    async def body(b):
+        good = [b.translate([f"ok{i}"], Decoding(beam=1)) for i in range(3)]
+        bad = b.translate(["x", "boom"], Decoding(beam=1))
+        return await asyncio.gather(*good, bad, return_exceptions=True)
+
+    *good, bad = run(_with_batcher(model, BatchLimits(max_wait_ms=50), body))
+    assert [g[0][0][0] for g in good] == ["OK0!", "OK1!", "OK2!"]
+    assert isinstance(bad, ValueError)
+
+
+def test_requests_arriving_while_decoding_form_the_next_batch_without_waiting():
+    model = FakeModel(delay=0.2)
+
+    async def body(b):
+        first = asyncio.ensure_future(b.translate(["a"], Decoding(beam=1)))
+        await asyncio.sleep(0.05)  # the first call is now running
+        rest = [b.translate([f"b{i}"], Decoding(beam=1)) for i in range(5)]
+        return await asyncio.gather(first, *rest)
+
+    results = run(_with_batcher(model, BatchLimits(max_wait_ms=1, max_batch=64), body))
+    assert len(results) == 6
+    assert [len(lines) for lines, _ in model.calls] == [1, 5]
+
+
+def test_a_cancelled_request_is_skipped_and_the_others_answered():
+    model = FakeModel(delay=0.1)
+
+    async def body(b):
+        first = asyncio.ensure_future(b.translate(["first"], Decoding(beam=1)))
+        await asyncio.sleep(0.02)
+        gone = asyncio.ensure_future(b.translate(["gone"], Decoding(beam=1)))
+        kept = asyncio.ensure_future(b.translate(["kept"], Decoding(beam=1)))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        return await asyncio.gather(first, kept)
+
+    first, kept = run(_with_batcher(model, BatchLimits(max_wait_ms=1), body))
+    assert kept[0][0][0] == "KEPT!"
+    assert all("gone" not in lines for lines, _ in model.calls)
+
+
+def test_close_finishes_queued_requests():
+    model = FakeModel(delay=0.05)
+
+    async def body():
+        b = Batcher(model, BatchLimits(max_wait_ms=0, max_batch=1))
+        b.start()
+        jobs = [asyncio.ensure_future(b.translate([f"q{i}"], Decoding(beam=1))) for i in range(4)]
+        await asyncio.sleep(0)
+        await b.close()
+        return [j.result() for j in jobs]
+
+    results = run(body())
+    assert [r[0][0][0] for r in results] == [f"Q{i}!" for i in range(4)]
+
+
+def test_translate_before_start_is_an_error():
+    with pytest.raises(RuntimeError, match="start"):
+        run(Batcher(FakeModel(), BatchLimits()).translate(["x"], Decoding(beam=1)))
+
+
+def test_a_decode_that_returns_the_wrong_count_is_an_error_and_the_worker_lives_on():
+    calls = []
+
+    def short(lines, settings):
+        calls.append(lines)
+        return [[("x", None)]] * (len(lines) - 1 if lines[0] == "bad" else len(lines))
+
+    async def body(b):
+        bad = await asyncio.gather(b.translate(["bad", "y"], Decoding(beam=1)), return_exceptions=True)
+        good = await b.translate(["fine"], Decoding(beam=1))
+        return bad[0], good
+
+    bad, good = run(_with_batcher(short, BatchLimits(max_wait_ms=1), body))
+    assert isinstance(bad, RuntimeError) and "1 results for 2 lines" in str(bad)
+    assert good == [[("x", None)]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -224,6 +225,9 @@ def _build_section(cls: type, values: dict, section: str, source: str) -> Any:
     return cls(**out)
 
 
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
 def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
     """Check `value` against a type hint; return it converted (int → float, list → tuple)."""
     origin = typing.get_origin(hint)
@@ -264,6 +268,8 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
             raise _type_error(value, hint, key, source)
         return value
     if hint is float:
+        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads "5e-3" (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _type_error(value, hint, key, source)
         return float(value)

@@ -161,3 +161,11 @@ def test_max_time_means_the_same_in_readme_config_and_scripts():
         assert "training-loop wall time" in flat, name
         assert "validation" in flat[flat.index("training-loop wall time") :][:200], name
     assert "training time only" not in texts["scripts/quality_budget.sh"]
+
+
+def test_float_in_exponent_form_without_a_dot(tmp_path):
+    """YAML 1.1 reads `5e-3` as a string; a float key accepts it, a non-number stays an error."""
+    c = load_config(write(tmp_path, "train:\n  lr: 5e-3\n"))
+    assert c.train.lr == pytest.approx(0.005)
+    with pytest.raises(ConfigError, match="train.lr"):
+        load_config(write(tmp_path, "train:\n  lr: fast\n", name="bad.yaml"))

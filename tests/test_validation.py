@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_batching import ListDataset
 
 from nmt.batching import collate
 from nmt.config import load_config
@@ -18,20 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 30
 
 
-class Pairs:
-    """A validation split in memory (the ParallelSplit interface)."""
-
-    def __init__(self, pairs: list[tuple[list[int], list[int]]]) -> None:
-        self.pairs = pairs
-        self.src_lengths = np.array([len(s) for s, _ in pairs])
-        self.tgt_lengths = np.array([len(t) for _, t in pairs])
-
-    def __len__(self) -> int:
-        return len(self.pairs)
-
-    def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        s, t = self.pairs[i]
-        return np.array(s, dtype=np.int32), np.array(t, dtype=np.int32)
+Pairs = ListDataset  # a validation split in memory (the ParallelSplit interface)
 
 
 @pytest.fixture

@@ -14,8 +14,6 @@ detokenisation) and hands each padded batch to an engine. Every engine has the s
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from nmt.batching import pad_sources  # re-exported: the one padded source batch
@@ -26,7 +24,7 @@ from nmt.search import beam_search, greedy_search
 ENGINES = ("native", "ctranslate2")
 
 Found = list[list[tuple[list[int], float]]]
-__all__ = ["ENGINES", "Found", "NativeEngine", "describe", "pad_sources"]
+__all__ = ["ENGINES", "Found", "NativeEngine", "pad_sources"]
 
 
 class NativeEngine:
@@ -56,8 +54,3 @@ class NativeEngine:
                 self.model, src, beam, nbest, len_penalty, d.max_len_a, d.max_len_b, d.min_len, d.no_repeat_ngram
             )
         return [[(h.tokens, h.score) for h in row] for row in hyps]
-
-
-def describe(engine: Any) -> str:
-    """'native fp32 on cpu'-style label for logs and reports."""
-    return f"{engine.name} {getattr(engine, 'precision', '')} on {getattr(engine, 'device', 'cpu')}".replace("  ", " ")

@@ -6,6 +6,7 @@ A user mistake (`NmtError`) is printed as one line on stderr with exit code 1.
 
 from __future__ import annotations
 
+import enum
 import functools
 import os
 import sys
@@ -54,6 +55,18 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cu
 PrecisionOpt = Annotated[
     str, typer.Option("--precision", help="auto | fp32 | bf16 | int8 (native engine; auto = fastest measured here)")
 ]
+
+
+class LogLevel(str, enum.Enum):
+    """uvicorn's log levels (`nmt serve --log-level`); info logs a line per request."""
+
+    critical = "critical"
+    error = "error"
+    warning = "warning"
+    info = "info"
+    debug = "debug"
+
+
 EngineOpt = Annotated[str, typer.Option("--engine", help="native | ctranslate2 (needs nmt[ctranslate2])")]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -287,6 +300,7 @@ def serve(
     max_beam: Annotated[int, typer.Option("--max-beam", min=1, help="Largest beam a request may ask for.")] = 16,
     batch_wait_ms: Annotated[float, typer.Option("--batch-wait-ms", min=0, help="Wait for company.")] = 5.0,
     max_batch: Annotated[int, typer.Option("--max-batch", min=1, help="Sentences per model call.")] = 64,
+    log_level: Annotated[LogLevel, typer.Option("--log-level", help="warning: no line per request.")] = LogLevel.info,
 ) -> None:
     """Serve a run over HTTP: JSON API (/translate, /docs) and a web page at / (needs nmt[serve])."""
     try:
@@ -299,7 +313,7 @@ def serve(
 
     limits = ServeLimits(max_sentences, max_chars, max_beam=max_beam, batch=BatchLimits(batch_wait_ms, max_batch))
     opts = InferenceOptions(run, checkpoint, device, precision, engine, beam)
-    run_server(opts, ServeOptions(host, port, limits))
+    run_server(opts, ServeOptions(host, port, limits, log_level.value))
 
 
 @app.command()

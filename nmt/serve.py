@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr, V
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from nmt.batcher import Batcher, BatchLimits, Decoding, Hypotheses
+from nmt.batcher import Batcher, BatchLimits, Decoding, Hypotheses, ModelThread
 from nmt.errors import NmtError
 from nmt.runlog import curves_to_json, eval_summary, read_curves, read_eval_reports
 
@@ -128,11 +128,32 @@ def body_schema(model: type[BaseModel]) -> dict:
 class Service:
     """The loaded model with its batcher, defaults and limits; the routes call its methods."""
 
-    def __init__(self, translator: Any, run_dir: Path, limits: ServeLimits, beam: int | None = None) -> None:
+    def __init__(
+        self,
+        translator: Any,
+        run_dir: Path,
+        limits: ServeLimits,
+        beam: int | None = None,
+        thread: ModelThread | None = None,
+    ) -> None:
+        """`thread`: the thread `translator` was loaded on (all model work then stays on it)."""
         d = translator.config.decode
         self.translator, self.run_dir, self.limits = translator, Path(run_dir), limits
         self.default = Decoding(beam=beam or d.beam, nbest=1, len_penalty=float(d.len_penalty))
-        self.batcher = Batcher(self.decode, limits.batch)
+        self.batcher = Batcher(self.decode, limits.batch, thread)
+
+    @classmethod
+    def load(cls, opts: Any, run_dir: Path, limits: ServeLimits) -> Service:
+        """Load the model of `opts` (`InferenceOptions`) on a new `ModelThread` that will also decode."""
+        from nmt.translate import Translator
+
+        thread = ModelThread()
+        try:
+            translator = thread.call(Translator.from_options, opts)
+        except BaseException:
+            thread.shutdown()
+            raise
+        return cls(translator, run_dir, limits, opts.beam, thread)
 
     # work on the decoding thread
 
@@ -216,6 +237,12 @@ class Service:
         t = self.translator
         return {"engine": t.engine.name, "precision": str(t.precision), "device": str(t.device)}
 
+    @property
+    def batch_counts(self) -> dict[str, int]:
+        """Model calls made so far, the sentences they decoded, and the most in one call."""
+        st = self.batcher.stats
+        return {"model_calls": st.batches, "sentences_decoded": st.sentences, "largest_call": st.largest}
+
     def info(self) -> dict[str, Any]:
         from nmt.checkpoint import checkpoint_step
 
@@ -234,7 +261,7 @@ class Service:
             "vocab": {"src": t.src_tok.vocab_size, "tgt": t.tgt_tok.vocab_size},
             "decoding": {**asdict(self.default), **self.engine_info},
             "limits": {k: v for k, v in asdict(self.limits).items() if k != "batch"},
-            "batching": asdict(self.limits.batch),
+            "batching": {**asdict(self.limits.batch), **self.batch_counts},
             "attention_maps": t.model is not None,
             "eval": [eval_summary(r) for r in read_eval_reports(self.run_dir)],
         }
@@ -330,7 +357,6 @@ def serve(opts: Any, server: ServeOptions) -> None:
     import uvicorn
 
     from nmt.runs import resolve_run
-    from nmt.translate import Translator
 
     _, run_dir = resolve_run(None, str(opts.run_dir) if opts.run_dir is not None else None)
     sock = socket.socket(socket.AF_INET6 if ":" in server.host else socket.AF_INET)
@@ -342,7 +368,7 @@ def serve(opts: Any, server: ServeOptions) -> None:
         raise NmtError(f"--host {server.host} --port {server.port}: cannot listen there ({e.strerror})") from None
     port = sock.getsockname()[1]
     try:
-        service = Service(Translator.from_options(opts), run_dir, server.limits, opts.beam)
+        service = Service.load(opts, run_dir, server.limits)
     except BaseException:
         sock.close()
         raise

@@ -63,6 +63,7 @@ class Level:
     sent: int = 0
     seconds: float = 0.0
     cpu_seconds: float = 0.0  # the server process's CPU time during the level
+    calls: int = 0  # the server's model calls during the level (GET /info)
 
 
 def cpu_model() -> str:
@@ -77,7 +78,7 @@ def cpu_model() -> str:
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
     cmd = [sys.executable, "-m", "nmt", "serve", "--run", str(args.run), "--port", "0", "--precision", args.precision,
-           "--batch-wait-ms", str(args.batch_wait_ms), "--max-batch", str(args.max_batch)]  # fmt: skip
+           "--batch-wait-ms", str(args.batch_wait_ms), "--max-batch", str(args.max_batch), "--log-level", "warning"]  # fmt: skip
     if args.beam:
         cmd += ["--beam", str(args.beam)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -89,6 +90,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
         proc.kill()
         sys.exit(f"server did not start: {line}")
     port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+    threading.Thread(target=proc.stdout.read, daemon=True).start()  # drain: a full pipe would block the server
     for _ in range(600):
         try:
             if post(port, "/health", None)[0] == 200:
@@ -110,6 +112,10 @@ def post(port: int, path: str, body: dict | None) -> tuple[int, dict]:
         return r.status, json.loads(r.read())
     finally:
         conn.close()
+
+
+def model_calls(port: int) -> int:
+    return post(port, "/info", None)[1]["batching"]["model_calls"]
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -178,9 +184,10 @@ def main() -> None:
         post(port, "/translate", {"text": sentences[:8]})  # warm-up
         levels = []
         for c in args.concurrency.split(","):
-            cpu = process_cpu_seconds(proc.pid)
+            cpu, calls = process_cpu_seconds(proc.pid), model_calls(port)
             levels.append(load_level(port, sentences, expected, int(c), args.max_seconds))
             levels[-1].cpu_seconds = process_cpu_seconds(proc.pid) - cpu
+            levels[-1].calls = model_calls(port) - calls
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -195,14 +202,16 @@ def main() -> None:
           f"{after:.1f} after (outputs changed between the two: {changed})")  # fmt: skip
     print(f"command: python scripts/bench_serve.py {' '.join(sys.argv[1:])}\n")
     head = ["clients", "answered", "errors", "sentences/s", "% of offline", "sentences/CPU-s", "% of offline"]
-    print("| " + " | ".join(head + ["p50 ms", "p95 ms", "p99 ms"]) + " |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    print(f"| offline batch | {len(sentences)} | – | {offline:.1f} | 100% | {cpu_rate:.1f} | 100% | – | – | – |")
+    print("| " + " | ".join(head + ["p50 ms", "p95 ms", "p99 ms", "sentences/call"]) + " |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    per_call = len(sentences) / len(translator.batches(translator.encode_sources(sentences)))
+    print(f"| offline batch | {len(sentences)} | – | {offline:.1f} | 100% | {cpu_rate:.1f} | 100% | – | – | – | {per_call:.1f} |")
     for lv in levels:
         rate, per_cpu = len(lv.latencies) / lv.seconds, len(lv.latencies) / max(lv.cpu_seconds, 1e-9)
         ms = [1000 * percentile(lv.latencies, q) for q in (50, 95, 99)]
         cells = [lv.clients, f"{len(lv.latencies)}/{lv.sent}", lv.errors, f"{rate:.1f}", f"{100 * rate / offline:.0f}%"]
         cells += [f"{per_cpu:.1f}", f"{100 * per_cpu / cpu_rate:.0f}%"] + [f"{m:.0f}" for m in ms]
+        cells += [f"{len(lv.latencies) / max(lv.calls, 1):.1f}"]
         print("| " + " | ".join(str(c) for c in cells) + " |")
     lost = sum(lv.sent - len(lv.latencies) + lv.errors for lv in levels)
     sys.exit(1 if lost else 0)

@@ -53,7 +53,7 @@ def test_concurrent_requests_share_one_call_and_get_their_own_results_in_order()
     for lines, result in zip(requests, results, strict=True):
         assert [h[0][0] for h in result] == [line.upper() + "!" for line in lines]
     assert len(model.calls) == 1 and len(model.calls[0][0]) == 20
-    assert model.threads == {next(iter(model.threads))} and "nmt-decode" in next(iter(model.threads))
+    assert model.threads == {next(iter(model.threads))} and "nmt-model" in next(iter(model.threads))
 
 
 def test_max_batch_bounds_a_call_and_settings_are_never_mixed():

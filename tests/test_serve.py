@@ -198,6 +198,29 @@ def test_a_model_error_fails_only_its_own_request(client, monkeypatch):
     assert results[1][0] == 200 and results[2][0] == 200 and len(results[2][1]["translations"]) == 2
 
 
+def test_the_model_loads_and_decodes_on_one_thread_that_is_not_the_event_loops(run, monkeypatch):
+    """PyTorch on two threads is slow on a small CPU (nmt/batcher.py): loading and decoding share one."""
+    threads: dict[str, int] = {}
+    load = Translator.from_options.__func__
+
+    def loading(cls, *args, **kwargs):
+        threads["load"] = threading.get_ident()
+        return load(cls, *args, **kwargs)
+
+    monkeypatch.setattr(Translator, "from_options", classmethod(loading))
+    service = Service.load(InferenceOptions(run_dir=run, precision="fp32"), run, ServeLimits())
+    original = service.translator.translate_nbest
+
+    def decoding(*args, **kwargs):
+        threads["decode"] = threading.get_ident()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(service.translator, "translate_nbest", decoding)
+    with TestClient(create_app(service)) as c:
+        assert post(c, "/translate", {"text": SENTENCES[0]})[0] == 200
+    assert threads["load"] == threads["decode"] != threading.get_ident()
+
+
 # --------------------------------------------------------------------------- a real server process
 
 

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.cache import DecoderState
+from nmt.cache import DecoderState, KVCache
 from nmt.config import ConfigError
 from nmt.masks import attention_mask_from_padding, causal_mask, decoder_self_mask
 
@@ -318,15 +318,14 @@ class MultiHeadAttention(nn.Module):
         k, v = self._project_kv(memory)
         return k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
 
-    def self_step(self, x: Tensor, state: DecoderState, layer: int) -> Tensor:
+    def self_step(self, x: Tensor, cache: KVCache, layer: int, t: int) -> Tensor:
         """One decoding step of self-attention. x (R, 1, D) → (R, 1, D); this token's K/V are written
-        into layer `layer` of `state.self_kv`, at position `state.step`. The token attends to every
-        cached position and itself, so no mask is needed. Rows at their own positions
-        (`state.positions`, continuous batching) are masked by `state.self_bias` beyond their own."""
+        at position `t` of `cache` (layer `layer`). The token attends to every cached position and
+        itself, so no mask is needed."""
         R = x.size(0)
         qkv = self.in_proj(x).view(R, 3, self.heads, self.d_k)  # (R, 3, H, dk)
-        k, v = state.self_kv.append(layer, state.step, qkv[:, 1:], state.positions)  # (R, H, step+1, dk)
-        out = step_attention(qkv[:, 0, :, None], k, v, state.self_bias)  # (R, H, 1, dk)
+        k, v = cache.append(layer, t, qkv[:, 1:])  # (R, H, t+1, dk) each
+        out = step_attention(qkv[:, 0, :, None], k, v)  # (R, H, 1, dk)
         return self.out_proj(out.reshape(R, 1, self.d_model))
 
     def cross_step(self, x: Tensor, state: DecoderState, layer: int) -> Tensor:

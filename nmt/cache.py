@@ -36,19 +36,12 @@ class KVCache:
         self._pool: list[Tensor] = []  # two flat buffers; `kv` is a view of one of them
 
     @torch.no_grad()
-    def append(self, layer: int, t: int, kv: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Write position `t` of `layer`: kv (R, 2, H, dk) → K, V views (R, H, t+1, dk) of positions 0..t.
-        With `positions` (R,) each row writes at its own position instead (all <= t); the positions
-        after a row's own are read too (and masked), so the buffers start as zeros, never as
-        uninitialised memory that could hold NaN (0 * NaN would reach the output)."""
+    def append(self, layer: int, t: int, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """Write position `t` of `layer`: kv (R, 2, H, dk) → K, V views (R, H, t+1, dk) of positions 0..t."""
         if self.kv is None or self.kv.size(4) <= t:
             self._move(torch.arange(self.rows, device=kv.device), t, 2 * (t + 1), kv)
         assert self.kv is not None
-        if positions is None:
-            self.kv[layer, :, :, :, t].copy_(kv.transpose(0, 1))  # (2, R, H, dk)
-        else:
-            rows = torch.arange(self.rows, device=kv.device)
-            self.kv[layer].permute(1, 3, 0, 2, 4)[rows, positions] = kv  # (R, C, 2, H, dk)[r, p] = (2, H, dk)
+        self.kv[layer, :, :, :, t].copy_(kv.transpose(0, 1))  # (2, R, H, dk)
         return self.kv[layer, 0, :, :, : t + 1], self.kv[layer, 1, :, :, : t + 1]
 
     @torch.no_grad()
@@ -87,7 +80,7 @@ class KVCache:
         if i == len(self._pool):
             self._pool.append(like.new_empty(0))
         if self._pool[i].numel() < need or self._pool[i].dtype != like.dtype:
-            self._pool[i] = like.new_zeros(need + need // 4)  # slack for longer prefixes; zeros: see `append`
+            self._pool[i] = like.new_empty(need + need // 4)  # some slack for longer prefixes
         return self._pool[i][:need].view(shape)
 
 
@@ -101,10 +94,8 @@ class DecoderState:
     cross_bias: Tensor  # (N, 1, 1, S) fp32, added to cross-attention scores: 0 real, finfo.min padding
     cross_empty: Tensor | None  # (N, 1, 1, 1): 0 for a source without any real token, else 1; None: none is
     self_kv: KVCache
-    step: int = 0  # tokens decoded so far = position of the next token (the widest row's, with `positions`)
+    step: int = 0  # tokens decoded so far = position of the next token
     beam: int = 1  # rows per sentence
-    positions: Tensor | None = None  # (R,) continuous batching: each row's own position (<= step)
-    self_bias: Tensor | None = None  # (R, 1, 1, step+1) fp32 mask of the positions after each row's own
 
     def reorder(self, rows: Tensor, sentences: Tensor | None = None, beam: int | None = None) -> None:
         """Row r of the new state is row `rows[r]` of the old one, in place.

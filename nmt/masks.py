@@ -37,15 +37,6 @@ def attention_mask_from_padding(key_pad: Tensor) -> Tensor:
     return ~key_pad[:, None, None, :]
 
 
-def ragged_step_bias(positions: Tensor, width: int) -> Tensor:
-    """Rows decoding at different positions (continuous batching): (R,) position of each row's
-    current token → (R, 1, 1, width) fp32 additive mask over the cached positions: 0 where
-    j <= the row's position, -inf after it (the row's own token is always visible)."""
-    j = torch.arange(width, device=positions.device)  # (W,)
-    bias = torch.zeros(positions.numel(), width, dtype=torch.float32, device=positions.device)
-    return bias.masked_fill_(j[None, :] > positions[:, None], float("-inf"))[:, None, None, :]
-
-
 def decoder_self_mask(tgt_pad: Tensor) -> Tensor:
     """(B, T) target padding → (B, 1, T, T) causal AND key-not-padding (True = may attend)."""
     T = tgt_pad.size(1)

@@ -108,7 +108,7 @@ class DecoderLayer(nn.Module):
 
     def step(self, x: Tensor, state: DecoderState, i: int) -> Tensor:
         """x (R, 1, D) → (R, 1, D); writes this token's self-attention K/V into layer i's cache."""
-        x = self.self_block(x, lambda h: self.self_attn.self_step(h, state, i))
+        x = self.self_block(x, lambda h: self.self_attn.self_step(h, state.self_kv, i, state.step))
         x = self.cross_block(x, lambda h: self.cross_attn.cross_step(h, state, i))
         return self.ffn_block(x, self.ffn)
 
@@ -167,19 +167,13 @@ class Transformer(nn.Module):
 
     # ----------------------------------------------------------------------- embeddings, logits
 
-    def _embed(
-        self, tokens: Tensor, table: nn.Embedding, positions: nn.Embedding | None, start: int | Tensor = 0
-    ) -> Tensor:
-        """(B, L) ids → (B, L, D) scaled token embedding + position (start, start+1, ...) + dropout.
-        `start` (B,) tensor: one start per row (L = 1, rows of a continuous batch; the caller keeps
-        them below max_positions)."""
+    def _embed(self, tokens: Tensor, table: nn.Embedding, positions: nn.Embedding | None, start: int = 0) -> Tensor:
+        """(B, L) ids → (B, L, D) scaled token embedding + position (start, start+1, ...) + dropout."""
         L = tokens.size(1)
-        x = table(tokens) * self.embed_scale  # (B, L, D)
-        table_pos = self.sinusoids if positions is None else positions.weight  # (P, D)
-        if isinstance(start, Tensor):
-            return x + table_pos[start][:, None].to(x.dtype)  # (B, 1, D); inference only
         if start + L > self.max_positions:
             raise NmtError(f"sequence of {start + L} tokens exceeds model.max_positions={self.max_positions}")
+        x = table(tokens) * self.embed_scale  # (B, L, D)
+        table_pos = self.sinusoids if positions is None else positions.weight  # (P, D)
         pos = table_pos[start : start + L].to(x.dtype)  # (L, D)
         x = x + pos[None]
         return self.dropout(x) if self.training else x
@@ -245,10 +239,8 @@ class Transformer(nn.Module):
         )
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
-        """tokens (B,) at position `state.step` (or each at its own, `state.positions`) → next-token
-        logits (B, V) in fp32; advances the state."""
-        start = state.step if state.positions is None else state.positions
-        x = self._embed(tokens[:, None], self.tgt_embed, self.tgt_positions, start=start)  # (B, 1, D)
+        """tokens (B,) at position `state.step` → next-token logits (B, V) in fp32; advances the state."""
+        x = self._embed(tokens[:, None], self.tgt_embed, self.tgt_positions, start=state.step)  # (B, 1, D)
         for i, layer in enumerate(self.decoder.layers):
             x = layer.step(x, state, i)
         state.step += 1

@@ -82,19 +82,15 @@ def max_lengths(model: Any, src: Tensor, max_len_a: float, max_len_b: float) -> 
     return limit.clamp(min=0)
 
 
-def constrain(lp: Tensor, step: int | Tensor, min_len: int, max_len: Tensor, earliest_max: int = 0) -> Tensor:
-    """Apply the length rules to log-probs (or logits) `lp` (R, V) of the token at output position `step`
-    (or (R,) one position per row, for rows of a continuous batch).
+def constrain(lp: Tensor, step: int, min_len: int, max_len: Tensor, earliest_max: int = 0) -> Tensor:
+    """Apply the length rules to log-probs (or logits) `lp` (R, V) of the token at output position `step`.
 
     `max_len` (R,) is each row's limit: a row with `step >= max_len` can only emit EOS. The rule is
     skipped while `step < earliest_max` (a lower bound of `max_len`, known on the host).
     """
-    ragged = isinstance(step, Tensor)
-    eos_lp = lp[:, EOS_ID].clone() if ragged or step >= earliest_max else None  # (R,): max_len wins over min_len
+    eos_lp = lp[:, EOS_ID].clone() if step >= earliest_max else None  # (R,): max_len wins over min_len
     lp.index_fill_(1, _NEVER.to(lp.device), NEG_INF)  # PAD, BOS
-    if ragged:
-        lp[:, EOS_ID] = lp[:, EOS_ID].masked_fill(step < min_len, NEG_INF)
-    elif step < min_len:
+    if step < min_len:
         lp[:, EOS_ID] = NEG_INF
     if eos_lp is not None:
         force = step >= max_len  # (R,): only EOS left (no host sync: masks, not branches)
@@ -118,7 +114,7 @@ def block_repeated_ngrams(lp: Tensor, hist: Tensor, n: int) -> Tensor:
     return lp.scatter(1, banned, NEG_INF)
 
 
-def log_probs(model: Any, tokens: Tensor, state: Any) -> Tensor:
+def _log_probs(model: Any, tokens: Tensor, state: Any) -> Tensor:
     logits = model.decode_step(tokens, state)  # (R, V)
     return torch.log_softmax(logits.float(), dim=-1)
 
@@ -167,7 +163,7 @@ def _strip(seq: list[int]) -> list[int]:
 
 
 @dataclass
-class Finished:
+class _Finished:
     """The best `beam` finished hypotheses of each live sentence (score -inf = empty slot)."""
 
     score: Tensor  # (N, K) normalised score
@@ -176,7 +172,7 @@ class Finished:
     length: Tensor  # (N, K) tokens without EOS
 
     @classmethod
-    def empty(cls, n: int, k: int, steps: int, device: torch.device) -> Finished:
+    def empty(cls, n: int, k: int, steps: int, device: torch.device) -> _Finished:
         return cls(
             torch.full((n, k), NEG_INF, device=device),
             torch.zeros(n, k, device=device),
@@ -184,27 +180,23 @@ class Finished:
             torch.zeros(n, k, dtype=torch.long, device=device),
         )
 
-    def select(self, keep: Tensor) -> Finished:
-        return Finished(self.score[keep], self.logprob[keep], self.tokens[keep], self.length[keep])
+    def select(self, keep: Tensor) -> _Finished:
+        return _Finished(self.score[keep], self.logprob[keep], self.tokens[keep], self.length[keep])
 
 
-def add_finished(
-    fin: Finished, new_score: Tensor, new_logprob: Tensor, new_tokens: Tensor, step: int | Tensor
-) -> Finished:
-    """Merge new EOS hypotheses (N, K) of length `step` (or (N, 1) one per sentence) into `fin`,
-    keeping the best K (stable)."""
+def _add_finished(fin: _Finished, new_score: Tensor, new_logprob: Tensor, new_tokens: Tensor, step: int) -> _Finished:
+    """Merge new EOS hypotheses (N, K) of length `step` into `fin`, keeping the best K (stable)."""
     K = fin.score.size(1)
     score = torch.cat([fin.score, new_score], dim=1)  # (N, 2K)
     order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :K]  # (N, K)
     logprob = torch.cat([fin.logprob, new_logprob], dim=1).gather(1, order)
-    new_length = step.expand_as(fin.length) if isinstance(step, Tensor) else torch.full_like(fin.length, step)
-    length = torch.cat([fin.length, new_length], dim=1).gather(1, order)
+    length = torch.cat([fin.length, torch.full_like(fin.length, step)], dim=1).gather(1, order)
     tokens = torch.cat([fin.tokens, new_tokens], dim=1)  # (N, 2K, T)
     tokens = tokens.gather(1, order.unsqueeze(-1).expand(-1, -1, tokens.size(2)))
-    return Finished(score.gather(1, order), logprob, tokens, length)
+    return _Finished(score.gather(1, order), logprob, tokens, length)
 
 
-def collect_nbest(fin: Finished, nbest: int) -> list[list[Hypothesis]]:
+def _collect(fin: _Finished, nbest: int) -> list[list[Hypothesis]]:
     """The n-best of each sentence in `fin`, best first (one device→host copy)."""
     scores, logprobs, lengths = fin.score.tolist(), fin.logprob.tolist(), fin.length.tolist()
     tokens = fin.tokens.tolist()
@@ -239,11 +231,11 @@ def beam_search(
     scores = torch.zeros(B, 1, device=dev)  # (N, k): k = 1 open beam at step 0, K afterwards
     hist = torch.full((B, steps), PAD_ID, dtype=torch.long, device=dev)  # (N*k, T)
     tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=dev)  # (N*k,)
-    fin = Finished.empty(B, K, steps, dev)
+    fin = _Finished.empty(B, K, steps, dev)
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(steps):
         N, k = scores.shape
-        lp = constrain(log_probs(model, tokens, state), t, min_len, max_len[sent].repeat_interleave(k), earliest)
+        lp = constrain(_log_probs(model, tokens, state), t, min_len, max_len[sent].repeat_interleave(k), earliest)
         lp = block_repeated_ngrams(lp, hist[:, :t], no_repeat_ngram)  # (N*k, V)
         V = lp.size(1)
         cand = (scores.view(-1, 1) + lp).view(N, k * V)  # (N, k*V)
@@ -254,14 +246,14 @@ def beam_search(
             top_idx = torch.cat([top_idx, top_idx.new_full((N, fill), PAD_ID)], dim=1)  # beam 0, token PAD
         top_beam, top_tok = top_idx // V, top_idx % V
         fin = _finish_eos(fin, top_score[:, :K], top_beam[:, :K], top_tok[:, :K], hist, t, len_penalty)
-        scores, flat, tokens = next_beams(top_score, top_beam, top_tok, K, k)  # (N, K), (N*K,), (N*K,)
+        scores, flat, tokens = _next_beams(top_score, top_beam, top_tok, K, k)  # (N, K), (N*K,), (N*K,)
         full = torch.isfinite(fin.score).sum(dim=1) >= K  # (N,)
         stuck = ~torch.isfinite(scores).any(dim=1)  # every open beam was closed by the rules
         done = full | stuck | (t >= max_len[sent])
         keep = None
         if bool(done.any()):  # collect finished sentences and drop their rows
             finished = done.nonzero().squeeze(1)
-            for b, hyps in zip(sent[finished].tolist(), collect_nbest(fin.select(finished), nbest), strict=True):
+            for b, hyps in zip(sent[finished].tolist(), _collect(fin.select(finished), nbest), strict=True):
                 results[b] = hyps
             keep = (~done).nonzero().squeeze(1)  # (N',)
             if keep.numel() == 0:
@@ -275,8 +267,8 @@ def beam_search(
 
 
 def _finish_eos(
-    fin: Finished, score: Tensor, beam_idx: Tensor, tok: Tensor, hist: Tensor, step: int, len_penalty: float
-) -> Finished:
+    fin: _Finished, score: Tensor, beam_idx: Tensor, tok: Tensor, hist: Tensor, step: int, len_penalty: float
+) -> _Finished:
     """Store the EOS candidates among the top K of this step (all (N, K)) as finished hypotheses.
     `hist` (N*k, T) holds the k open beams of each sentence that `beam_idx` points into."""
     is_eos = (tok == EOS_ID) & torch.isfinite(score)  # (N, K)
@@ -289,10 +281,10 @@ def _finish_eos(
     rows = (torch.arange(N, device=score.device).unsqueeze(1) * k + beam_idx).view(-1)  # (N*K,)
     new_tokens = hist[rows].view(N, K, -1).clone()  # (N, K, T)
     new_tokens[:, :, step:] = PAD_ID
-    return add_finished(fin, new_score, score, new_tokens, step)
+    return _add_finished(fin, new_score, score, new_tokens, step)
 
 
-def next_beams(top_score: Tensor, top_beam: Tensor, top_tok: Tensor, K: int, k: int) -> tuple[Tensor, Tensor, Tensor]:
+def _next_beams(top_score: Tensor, top_beam: Tensor, top_tok: Tensor, K: int, k: int) -> tuple[Tensor, Tensor, Tensor]:
     """The best K non-EOS candidates of each sentence, in rank order.
 
     top_* are (N, 2K), sorted by score, `top_beam` indexing the k beams a sentence had before the

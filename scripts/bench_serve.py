@@ -78,7 +78,8 @@ def cpu_model() -> str:
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
     cmd = [sys.executable, "-m", "nmt", "serve", "--run", str(args.run), "--port", "0", "--precision", args.precision,
-           "--batch-wait-ms", str(args.batch_wait_ms), "--max-batch", str(args.max_batch), "--log-level", "warning"]  # fmt: skip
+           "--batch-wait-ms", str(args.batch_wait_ms), "--max-batch", str(args.max_batch),
+           "--log-level", "warning"]  # fmt: skip
     if args.beam:
         cmd += ["--beam", str(args.beam)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -202,10 +203,11 @@ def main() -> None:
           f"{after:.1f} after (outputs changed between the two: {changed})")  # fmt: skip
     print(f"command: python scripts/bench_serve.py {' '.join(sys.argv[1:])}\n")
     head = ["clients", "answered", "errors", "sentences/s", "% of offline", "sentences/CPU-s", "% of offline"]
-    print("| " + " | ".join(head + ["p50 ms", "p95 ms", "p99 ms", "sentences/call"]) + " |")
+    print("| " + " | ".join(head + ["p50 ms", "p95 ms", "p99 ms", "sentences per model call"]) + " |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     per_call = len(sentences) / len(translator.batches(translator.encode_sources(sentences)))
-    print(f"| offline batch | {len(sentences)} | – | {offline:.1f} | 100% | {cpu_rate:.1f} | 100% | – | – | – | {per_call:.1f} |")
+    cells = ["offline batch", len(sentences), "–", f"{offline:.1f}", "100%", f"{cpu_rate:.1f}", "100%", "–", "–", "–"]
+    print("| " + " | ".join(str(c) for c in cells) + f" | {per_call:.1f} |")
     for lv in levels:
         rate, per_cpu = len(lv.latencies) / lv.seconds, len(lv.latencies) / max(lv.cpu_seconds, 1e-9)
         ms = [1000 * percentile(lv.latencies, q) for q in (50, 95, 99)]

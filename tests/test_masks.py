@@ -11,7 +11,6 @@ from nmt.masks import (
     decoder_self_mask,
     lengths_to_padding_mask,
     padding_mask,
-    ragged_step_bias,
 )
 
 T, F = True, False
@@ -50,10 +49,3 @@ def test_decoder_self_mask_combines_causal_and_padding():
     assert mask.shape == (2, 1, 3, 3)
     assert torch.equal(mask[0, 0], torch.tensor([[T, F, F], [T, T, F], [T, T, T]]))
     assert torch.equal(mask[1, 0], torch.tensor([[T, F, F], [T, T, F], [T, T, F]]))
-
-
-def test_ragged_step_bias_hides_the_positions_after_each_rows_own():
-    bias = ragged_step_bias(torch.tensor([0, 2, 1]), 3)
-    assert bias.shape == (3, 1, 1, 3) and bias.dtype == torch.float32
-    inf = float("-inf")
-    assert bias[:, 0, 0].tolist() == [[0.0, inf, inf], [0.0, 0.0, 0.0], [0.0, 0.0, inf]]

@@ -1,37 +1,45 @@
-"""Dynamic batching for the server: concurrent requests are decoded together.
+"""Dynamic batching for the server: concurrent requests are decoded together, on several workers.
 
 Each request (one or more sentences and its decoding settings) is queued with a future. One
-asyncio task takes the first waiting request, then gathers more for at most `max_wait_ms`
-(or until `max_batch` sentences are waiting), groups them by decoding settings, and hands
-each group's sentences to `decode` in one call on a single worker thread (the model is used
-by one thread at a time; `Translator` then sorts them by length into its own batches). While
-a group decodes, new requests queue up and form the next batch, so under load batches fill
-without any waiting. Results go back to each request in its input order.
+asyncio task waits until one of the `workers` model threads is free, takes the first waiting
+request, gathers more for at most `max_wait_ms` (or until `max_batch` sentences are waiting),
+groups them by decoding settings and hands each group's sentences to `decode` in one call on
+that worker (`Translator` then sorts them by length into its own batches). While the workers
+are busy, new requests queue up and form the next batch, so under load batches fill without
+any waiting. Results go back to each request in its input order. A group that raises is
+decoded again one request at a time, so a request that makes the model fail fails alone.
+Requests whose caller has gone (cancelled future) are skipped.
 
-A group that raises is decoded again one request at a time, so a request that makes the
-model fail fails alone. Requests whose caller has gone (cancelled future) are skipped.
-
-All model work of a server (loading, decoding, attention maps) runs on one `ModelThread`.
-PyTorch's CPU ops run on an OpenMP team that belongs to the thread calling them; once a second
-thread has called them too, the teams together outnumber the cores, and libgomp then spins only
-briefly before putting a worker to sleep ("if there are more OpenMP threads than available
-CPUs, 1000 and 100 spins are used", GCC's libgomp manual, GOMP_SPINCOUNT), so every small op of
-a decoding step (layer norm, bmm, softmax over a few beams) pays a wake-up. Measured on a
-2-core AMD EPYC: beam search in groups of 19 sentences at 65-76 sentences/s when the model was
-loaded on the main thread and decoded on another, 107-127 with everything on one thread.
+Threads. All model work (loading, decoding, attention maps) runs on the `ModelWorkers` threads,
+never on the event loop's. With one worker, PyTorch keeps its intra-op threads (one per core);
+with several (`nmt serve` starts one per core), each decodes with one intra-op thread. Two facts
+measured on a 2-core AMD EPYC (scripts and figures in docs/BENCHMARKS.md, "Serving under load"):
+- PyTorch's CPU ops run on an OpenMP team that belongs to the calling thread. Once two threads
+  have run them with 2 intra-op threads each, the teams outnumber the cores and libgomp spins
+  only briefly before a worker sleeps ("if there are more OpenMP threads than available CPUs,
+  1000 and 100 spins are used", GCC's libgomp manual on GOMP_SPINCOUNT), so each small op of a
+  decoding step pays a wake-up: beam search in groups of 19 ran at 65-76 sentences/s when the
+  model was loaded on one thread and used on another, 107-127 on one thread.
+- The batches of a server are small and unsorted, and a step of a small batch is mostly fixed
+  cost (Python, streaming the weights) that a second intra-op thread does not share. Two
+  workers with one thread each decoded random groups of 32 at 150-170 sentences/s where one
+  worker with two threads managed 128-132 (length-sorted groups of 64: 174-195 either way).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+PEAK_WINDOW_S = 1.0  # how far back `Batcher._share` looks for the load
 Hypotheses = list[tuple[str, float | None]]  # (text, score) best first; score None for greedy
 
 
@@ -48,6 +56,7 @@ class Decoding:
 class BatchLimits:
     max_wait_ms: float = 5.0  # how long the first request of a batch waits for company
     max_batch: int = 64  # sentences gathered into one model call (a larger request is decoded whole)
+    workers: int = 1  # model threads decoding batches at once (0 = `nmt.serve.auto_workers`)
 
 
 @dataclass
@@ -71,18 +80,19 @@ class _Job:
     future: asyncio.Future
 
 
-class ModelThread:
-    """The one thread on which a server runs its model (see the module docstring for why)."""
+class ModelWorkers:
+    """The threads on which a server runs its model (see the module docstring for why)."""
 
-    def __init__(self) -> None:
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-model")
+    def __init__(self, count: int = 1) -> None:
+        self.count = count
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=count, thread_name_prefix="nmt-model")
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(*args)` on the model thread and wait for it (before the event loop runs)."""
+        """Run `fn(*args)` on a model thread and wait for it (before the event loop runs)."""
         return self._pool.submit(fn, *args).result()
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(*args)` on the model thread without blocking the event loop."""
+        """Run `fn(*args)` on a model thread without blocking the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def shutdown(self) -> None:
@@ -92,22 +102,25 @@ class ModelThread:
 class Batcher:
     """`await batcher.translate(lines, settings)` → one `Hypotheses` per line, in order.
 
-    `decode(lines, settings)` must return one `Hypotheses` per line; it runs on `thread` (the
-    one the model was loaded on; default: a new one), which the batcher owns from then on and
-    shuts down in `close()`. `start()` and `close()` run on the event loop that serves the requests.
+    `decode(lines, settings)` must return one `Hypotheses` per line; it runs on one of `workers`
+    (those the model was loaded on; default: `limits.workers` new ones), which the batcher owns
+    from then on and shuts down in `close()`; with several workers it runs on several threads at
+    once. `start()` and `close()` run on the event loop that serves the requests.
     """
 
     def __init__(
         self,
         decode: Callable[[list[str], Decoding], list[Hypotheses]],
         limits: BatchLimits,
-        thread: ModelThread | None = None,
+        workers: ModelWorkers | None = None,
     ) -> None:
         self.decode, self.limits = decode, limits
-        self.thread = thread or ModelThread()
+        self.workers = workers or ModelWorkers(max(1, limits.workers))
         self.stats = BatchStats()
         self._queue: asyncio.Queue[_Job | None] | None = None
         self._task: asyncio.Task | None = None
+        self._outstanding = 0  # sentences accepted and not yet answered
+        self._peaks: collections.deque[tuple[float, int]] = collections.deque()  # (time, outstanding) rises
 
     def start(self) -> None:
         self._queue = asyncio.Queue()
@@ -118,46 +131,72 @@ class Batcher:
         if self._queue is not None and self._task is not None:
             await self._queue.put(None)
             await self._task
-        self.thread.shutdown()
+        self.workers.shutdown()
 
     async def translate(self, lines: list[str], settings: Decoding) -> list[Hypotheses]:
         if self._queue is None:
             raise RuntimeError("Batcher.start() was not called")
-        future = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Job(list(lines), settings, future))
-        return await future
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._outstanding += len(lines)
+        self._peaks.append((loop.time(), self._outstanding))
+        try:
+            await self._queue.put(_Job(list(lines), settings, future))
+            return await future
+        finally:
+            self._outstanding -= len(lines)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run other model work (e.g. an attention map) on the model thread, between batches."""
-        return await self.thread.run(fn, *args)
+        """Run other model work (e.g. an attention map) on a model thread."""
+        return await self.workers.run(fn, *args)
 
     # ----------------------------------------------------------------------- the worker
 
     async def _loop(self) -> None:
         assert self._queue is not None
+        free = asyncio.Semaphore(self.workers.count)
+        running: set[asyncio.Task] = set()
         stopping = False
         while not stopping:
+            await free.acquire()  # a worker is free: what is waiting now forms its batch
             first = await self._queue.get()
             if first is None:
                 break
             jobs, stopping = await self._gather(first)
-            jobs = [j for j in jobs if not j.future.done()]  # callers that gave up
-            jobs.sort(key=lambda j: repr(j.settings))
-            for _, group in itertools.groupby(jobs, key=lambda j: j.settings):
-                members = list(group)
-                try:
-                    await self._decode_group(members)
-                except Exception as e:  # never let the worker die: every waiting request must get an answer
-                    for job in members:
-                        _settle(job.future, error=e)
+            task = asyncio.create_task(self._decode_batch(jobs))
+            running.add(task)
+            task.add_done_callback(lambda t: (running.discard(t), free.release()))
+        await asyncio.gather(*running)
+
+    async def _decode_batch(self, jobs: list[_Job]) -> None:
+        jobs = [j for j in jobs if not j.future.done()]  # callers that gave up
+        jobs.sort(key=lambda j: repr(j.settings))
+        for _, group in itertools.groupby(jobs, key=lambda j: j.settings):
+            members = list(group)
+            try:
+                await self._decode_group(members)
+            except Exception as e:  # never let the worker die: every waiting request must get an answer
+                for job in members:
+                    _settle(job.future, error=e)
+
+    def _share(self) -> int:
+        """Sentences a free worker gathers: an even share (over the workers) of the most sentences
+        outstanding in the last PEAK_WINDOW_S, at most max_batch. Closed-loop clients (each waits
+        for its answer) would otherwise all end up in one batch while the other workers idle."""
+        assert self._queue is not None
+        now = asyncio.get_running_loop().time()
+        while self._peaks and self._peaks[0][0] < now - PEAK_WINDOW_S:
+            self._peaks.popleft()
+        peak = max((n for _, n in self._peaks), default=self._outstanding)
+        return max(1, min(self.limits.max_batch, math.ceil(peak / self.workers.count)))
 
     async def _gather(self, first: _Job) -> tuple[list[_Job], bool]:
-        """`first` plus what arrives within max_wait_ms, up to max_batch sentences; True if asked to stop."""
+        """`first` plus what arrives within max_wait_ms, up to `_share()` sentences; True if asked to stop."""
         assert self._queue is not None
         loop = asyncio.get_running_loop()
-        jobs, count = [first], len(first.lines)
+        jobs, count, share = [first], len(first.lines), self._share()
         deadline = loop.time() + self.limits.max_wait_ms / 1000
-        while count < self.limits.max_batch:
+        while count < share:
             try:
                 job = self._queue.get_nowait()
             except asyncio.QueueEmpty:
@@ -185,6 +224,7 @@ class Batcher:
             for job in jobs:  # find the culprit: everyone else still gets an answer
                 await self._decode_group([job])
             return
+        self.stats.add(len(lines))
         start = 0
         for job in jobs:
             _settle(job.future, results[start : start + len(job.lines)])
@@ -194,7 +234,6 @@ class Batcher:
         results = self.decode(lines, settings)
         if len(results) != len(lines):
             raise RuntimeError(f"decode returned {len(results)} results for {len(lines)} lines")
-        self.stats.add(len(lines))
         return results
 
 

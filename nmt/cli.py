@@ -300,6 +300,9 @@ def serve(
     max_beam: Annotated[int, typer.Option("--max-beam", min=1, help="Largest beam a request may ask for.")] = 16,
     batch_wait_ms: Annotated[float, typer.Option("--batch-wait-ms", min=0, help="Wait for company.")] = 5.0,
     max_batch: Annotated[int, typer.Option("--max-batch", min=1, help="Sentences per model call.")] = 64,
+    workers: Annotated[
+        int, typer.Option("--workers", min=0, help="Batches decoded at once, one thread each (0 = one per core, <= 4).")
+    ] = 0,
     log_level: Annotated[LogLevel, typer.Option("--log-level", help="warning: no line per request.")] = LogLevel.info,
 ) -> None:
     """Serve a run over HTTP: JSON API (/translate, /docs) and a web page at / (needs nmt[serve])."""
@@ -311,7 +314,8 @@ def serve(
     from nmt.batcher import BatchLimits
     from nmt.translate import InferenceOptions
 
-    limits = ServeLimits(max_sentences, max_chars, max_beam=max_beam, batch=BatchLimits(batch_wait_ms, max_batch))
+    batch = BatchLimits(batch_wait_ms, max_batch, workers)
+    limits = ServeLimits(max_sentences, max_chars, max_beam=max_beam, batch=batch)
     opts = InferenceOptions(run, checkpoint, device, precision, engine, beam)
     run_server(opts, ServeOptions(host, port, limits, log_level.value))
 

@@ -21,7 +21,7 @@ import contextlib
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr, V
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from nmt.batcher import Batcher, BatchLimits, Decoding, Hypotheses, ModelThread
+from nmt.batcher import Batcher, BatchLimits, Decoding, Hypotheses, ModelWorkers
 from nmt.errors import NmtError
 from nmt.runlog import curves_to_json, eval_summary, read_curves, read_eval_reports
 
@@ -134,28 +134,38 @@ class Service:
         run_dir: Path,
         limits: ServeLimits,
         beam: int | None = None,
-        thread: ModelThread | None = None,
+        workers: ModelWorkers | None = None,
     ) -> None:
-        """`thread`: the thread `translator` was loaded on (all model work then stays on it)."""
+        """`workers`: the threads `translator` was loaded on (all model work then stays on them)."""
         d = translator.config.decode
         self.translator, self.run_dir, self.limits = translator, Path(run_dir), limits
         self.default = Decoding(beam=beam or d.beam, nbest=1, len_penalty=float(d.len_penalty))
-        self.batcher = Batcher(self.decode, limits.batch, thread)
+        self.batcher = Batcher(self.decode, limits.batch, workers)
 
     @classmethod
     def load(cls, opts: Any, run_dir: Path, limits: ServeLimits) -> Service:
-        """Load the model of `opts` (`InferenceOptions`) on a new `ModelThread` that will also decode."""
+        """Load the model of `opts` (`InferenceOptions`) on the model threads that will decode with it.
+
+        Several workers (`limits.batch.workers`, 0 = `auto_workers`) share the cores: PyTorch gets
+        cores // workers intra-op threads (process-wide), see nmt/batcher.py for why."""
+        import torch
+
+        from nmt.device import available_cores
         from nmt.translate import Translator
 
-        thread = ModelThread()
+        count = limits.batch.workers or auto_workers(opts.device)
+        if count > 1:
+            torch.set_num_threads(max(1, available_cores() // count))
+        limits = replace(limits, batch=replace(limits.batch, workers=count))
+        workers = ModelWorkers(count)
         try:
-            translator = thread.call(Translator.from_options, opts)
+            translator = workers.call(Translator.from_options, opts)
         except BaseException:
-            thread.shutdown()
+            workers.shutdown()
             raise
-        return cls(translator, run_dir, limits, opts.beam, thread)
+        return cls(translator, run_dir, limits, opts.beam, workers)
 
-    # work on the decoding thread
+    # work on the model threads
 
     def decode(self, lines: list[str], s: Decoding) -> list[Hypotheses]:
         """Exactly `nmt translate`'s path: a beam of 1 without n-best runs greedy search (no score)."""
@@ -267,6 +277,14 @@ class Service:
         }
 
 
+def auto_workers(device: str) -> int:
+    """`--workers 0`: one per core on a CPU, at most 4 (the workers share Python's GIL; measured
+    on 2 cores only), and 1 on a GPU (its kernels already use the whole device)."""
+    from nmt.device import available_cores, resolve_device
+
+    return 1 if resolve_device(device).type == "cuda" else min(available_cores(), 4)
+
+
 # --------------------------------------------------------------------------- the app
 
 
@@ -296,11 +314,11 @@ def create_app(service: Service) -> FastAPI:
     def info() -> dict[str, Any]:
         return service.info()
 
-    @app.post("/translate", openapi_extra=body_schema(TranslateRequest))
-    async def translate(request: Request) -> dict[str, Any]:
+    @app.post("/translate", openapi_extra=body_schema(TranslateRequest), response_class=JSONResponse)
+    async def translate(request: Request) -> JSONResponse:
         """Translate one sentence or a list; outputs in input order, n-best with scores."""
         req = parse(TranslateRequest, await read_json(request, service.limits.max_body_bytes))
-        return await service.translate(req)
+        return JSONResponse(await service.translate(req))  # plain JSON: no response-model pass per request
 
     @app.post("/attention", openapi_extra=body_schema(AttentionRequest))
     async def attention(request: Request) -> dict[str, Any]:
@@ -375,8 +393,8 @@ def serve(opts: Any, server: ServeOptions) -> None:
     translator = service.translator
     config = uvicorn.Config(create_app(service), log_level=server.log_level, timeout_graceful_shutdown=None)
     print(
-        f"nmt serve: {service.model_name} ({translator.engine.name}, {translator.precision}, {translator.device}) "
-        f"on http://{server.host}:{port}/  (API docs: /docs; Ctrl-C to stop)",
+        f"nmt serve: {service.model_name} ({translator.engine.name}, {translator.precision}, {translator.device}, "
+        f"{service.batcher.workers.count} workers) on http://{server.host}:{port}/  (API docs: /docs; Ctrl-C to stop)",
         flush=True,
     )
     uvicorn.Server(config).run(sockets=[sock])

@@ -14,6 +14,9 @@ tokens) and `decode.batch_size` (sentences); outputs come back in input order. `
 greedy search (the same output as a beam of one, faster), except in `translate_nbest`, which
 needs the scores.
 
+Threads: `translate`, `translate_nbest` and `encode` may run on several threads at once (the
+workers of `nmt serve`); `encode_sources` keeps its masks on the instance and may not.
+
 N-best: `translate_nbest` returns each input's hypotheses as `(text, score)` lists, best first.
 `translate` and `translate_stream` return one string per input; with `nbest > 1` that string
 holds n lines `score<TAB>text` (best first; score = the beam's length-normalised log-probability,
@@ -25,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -99,6 +103,7 @@ class Translator:
         self.checkpoint = checkpoint
         self.max_src_pieces = config.model.max_positions - 1  # + EOS
         self.stats = DecodeStats()
+        self._stats_lock = threading.Lock()
         self.masker = masker(config.data, src_tok, tgt_tok)  # pass-through spans (nmt/passthrough.py)
         self.masks: list[Masked | None] = []  # per line of the last `encode_sources` call
 
@@ -200,13 +205,19 @@ class Translator:
             yield "\n".join(rows + ["nan\t"] * (nbest - len(rows)))
 
     def encode_sources(self, lines: list[str], first_line: int = 1) -> list[list[int]]:
-        """Normalised, tokenised, truncated source pieces (no EOS) for each line; [] for blank lines."""
+        """Normalised, tokenised, truncated source pieces (no EOS) for each line; [] for blank lines.
+        Their pass-through spans are left in `self.masks`."""
+        ids, self.masks = self.encode(lines, first_line)
+        return ids
+
+    def encode(self, lines: list[str], first_line: int = 1) -> tuple[list[list[int]], list[Masked | None]]:
+        """`encode_sources` without touching `self` (safe from several threads): ids and masks per line."""
         from nmt.corpus import normalize_source
 
         texts = [normalize_source(line, self.config.data) for line in lines]
         detector = self.masker
-        self.masks = [mask(t, detector.find(t)) if detector else None for t in texts]
-        texts = [m.text if m else t for m, t in zip(self.masks, texts, strict=True)]
+        masks = [mask(t, detector.find(t)) if detector else None for t in texts]
+        texts = [m.text if m else t for m, t in zip(masks, texts, strict=True)]
         keep = [i for i, t in enumerate(texts) if t]
         ids: list[list[int]] = [[] for _ in lines]
         for i, seq in zip(keep, self.src_tok.encode_batch([texts[i] for i in keep]), strict=True):
@@ -218,7 +229,7 @@ class Translator:
                 )
                 seq = seq[: self.max_src_pieces]
             ids[i] = list(seq)
-        return ids
+        return ids, masks
 
     def batches(self, ids: list[list[int]]) -> list[list[int]]:
         """Indices of the non-empty sequences, longest first, grouped under the decode batch limits."""
@@ -249,8 +260,7 @@ class Translator:
         lp = d.len_penalty if len_penalty is None else len_penalty
         if beam < 1 or not 1 <= nbest <= beam:
             raise NmtError(f"--nbest {nbest} must be between 1 and the beam size ({beam})")
-        ids = self.encode_sources(lines, first_line)
-        masks = self.masks
+        ids, masks = self.encode(lines, first_line)
         results: list[list[tuple[str, float]]] = [[] for _ in lines]
         for group in self.batches(ids):
             hyps = self._search([ids[i] for i in group], beam, nbest, lp, greedy=beam == 1 and not scores)
@@ -264,10 +274,11 @@ class Translator:
         """Decode one batch of source sequences; returns (tokens, score) lists, best first."""
         start = time.perf_counter()
         found = self.engine.search(seqs, beam, nbest, len_penalty, greedy)
-        self.stats.seconds += time.perf_counter() - start
-        self.stats.sentences += len(seqs)
-        self.stats.src_tokens += sum(len(s) + 1 for s in seqs)
-        self.stats.tgt_tokens += sum(len(f[0][0]) for f in found if f)
+        with self._stats_lock:  # `nmt serve` decodes on several threads
+            self.stats.seconds += time.perf_counter() - start
+            self.stats.sentences += len(seqs)
+            self.stats.src_tokens += sum(len(s) + 1 for s in seqs)
+            self.stats.tgt_tokens += sum(len(f[0][0]) for f in found if f)
         return found
 
 

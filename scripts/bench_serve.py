@@ -52,6 +52,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--precision", default="auto")
     p.add_argument("--batch-wait-ms", type=float, default=5.0)
     p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--workers", type=int, default=0, help="the server's --workers (0: its default)")
     return p.parse_args()
 
 
@@ -79,7 +80,7 @@ def cpu_model() -> str:
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
     cmd = [sys.executable, "-m", "nmt", "serve", "--run", str(args.run), "--port", "0", "--precision", args.precision,
            "--batch-wait-ms", str(args.batch_wait_ms), "--max-batch", str(args.max_batch),
-           "--log-level", "warning"]  # fmt: skip
+           "--workers", str(args.workers), "--log-level", "warning"]  # fmt: skip
     if args.beam:
         cmd += ["--beam", str(args.beam)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -183,6 +184,9 @@ def main() -> None:
     proc, port = start_server(args)
     try:
         post(port, "/translate", {"text": sentences[:8]})  # warm-up
+        batching = post(port, "/info", None)[1]["batching"]
+        settings += f"; server: {batching['workers']} workers, batches <= {batching['max_batch']} sentences"
+        settings += f", wait <= {batching['max_wait_ms']:g} ms"
         levels = []
         for c in args.concurrency.split(","):
             cpu, calls = process_cpu_seconds(proc.pid), model_calls(port)

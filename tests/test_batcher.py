@@ -18,11 +18,18 @@ class FakeModel:
         self.calls: list[tuple[list[str], Decoding]] = []
         self.threads: set[str] = set()
         self.delay = delay
+        self.running = self.most_at_once = 0
+        self._lock = threading.Lock()
 
     def __call__(self, lines: list[str], settings: Decoding) -> list[list[tuple[str, float | None]]]:
-        self.calls.append((list(lines), settings))
-        self.threads.add(threading.current_thread().name)
+        with self._lock:
+            self.calls.append((list(lines), settings))
+            self.threads.add(threading.current_thread().name)
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
         time.sleep(self.delay)
+        with self._lock:
+            self.running -= 1
         if any("boom" in line for line in lines):
             raise ValueError("boom")
         return [[(line.upper() + "!" * settings.beam, -1.0)] for line in lines]
@@ -54,6 +61,29 @@ def test_concurrent_requests_share_one_call_and_get_their_own_results_in_order()
         assert [h[0][0] for h in result] == [line.upper() + "!" for line in lines]
     assert len(model.calls) == 1 and len(model.calls[0][0]) == 20
     assert model.threads == {next(iter(model.threads))} and "nmt-model" in next(iter(model.threads))
+
+
+def test_two_workers_split_the_waiting_requests_and_decode_them_at_once():
+    model = FakeModel(delay=0.2)
+
+    async def body(b):
+        return await asyncio.gather(*(b.translate([f"w{i}"], Decoding(beam=1)) for i in range(8)))
+
+    results = run(_with_batcher(model, BatchLimits(max_wait_ms=50, max_batch=64, workers=2), body))
+    assert [r[0][0][0] for r in results] == [f"W{i}!" for i in range(8)]
+    assert sorted(len(lines) for lines, _ in model.calls) == [4, 4]  # an even share each, not 8 and 0
+    assert model.most_at_once == 2 and len(model.threads) == 2
+
+
+def test_a_lone_request_does_not_wait_for_company():
+    model = FakeModel()
+
+    async def body(b):
+        start = time.perf_counter()
+        await b.translate(["alone"], Decoding(beam=1))
+        return time.perf_counter() - start
+
+    assert run(_with_batcher(model, BatchLimits(max_wait_ms=2000), body)) < 1.0  # not the 2 s wait
 
 
 def test_max_batch_bounds_a_call_and_settings_are_never_mixed():

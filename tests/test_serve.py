@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("fastapi", reason="nmt serve needs the serve extra (fastapi, uvicorn)")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -23,6 +24,7 @@ from serving import request, start_server, stop  # noqa: E402
 from nmt.batcher import BatchLimits  # noqa: E402
 from nmt.checkpoint import read_metadata  # noqa: E402
 from nmt.config import load_config  # noqa: E402
+from nmt.device import available_cores  # noqa: E402
 from nmt.serve import ServeLimits, Service, create_app  # noqa: E402
 from nmt.translate import InferenceOptions, Translator  # noqa: E402
 
@@ -221,11 +223,23 @@ def test_the_model_loads_and_decodes_on_one_thread_that_is_not_the_event_loops(r
     assert threads["load"] == threads["decode"] != threading.get_ident()
 
 
+def test_two_workers_answer_concurrent_requests_as_the_translator_does(run, translator):
+    limits = ServeLimits(batch=BatchLimits(max_wait_ms=20, workers=2))
+    torch.set_num_threads(4)  # the `one_thread` fixture puts the test's setting back afterwards
+    service = Service.load(InferenceOptions(run_dir=run, precision="fp32"), run, limits)
+    assert service.batcher.workers.count == 2 and torch.get_num_threads() == max(1, available_cores() // 2)
+    expected = dict(zip(SENTENCES, translator.translate(SENTENCES, beam=3), strict=True))
+    with TestClient(create_app(service)) as c, ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda s: post(c, "/translate", {"text": s, "beam": 3}), SENTENCES * 4))
+    assert [a[1]["translations"][0]["text"] for a in answers] == [expected[s] for s in SENTENCES * 4]
+    assert service.batcher.stats.sentences == len(SENTENCES) * 4
+
+
 # --------------------------------------------------------------------------- a real server process
 
 
 def test_real_server_survives_disconnects_and_finishes_in_flight_work_on_sigterm(run, translator):
-    proc, port = start_server(run, "--batch-wait-ms", "1500")  # every request waits 1.5 s for company
+    proc, port = start_server(run, "--batch-wait-ms", "1500", "--workers", "1")  # a request may wait 1.5 s for company
     try:
         for payload in (  # a body cut short, and a full request whose client leaves at once
             b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{",
@@ -237,7 +251,8 @@ def test_real_server_survives_disconnects_and_finishes_in_flight_work_on_sigterm
         assert status == 200 and [t["text"] for t in body["translations"]] == translator.translate(SENTENCES, beam=2)
 
         slow: dict = {}
-        big = {"text": SENTENCES, "beam": 4}  # sits in the batcher for 1.5 s: in flight at SIGTERM
+        assert request(port, "POST", "/translate", {"text": SENTENCES * 9, "beam": 1})[0] == 200  # the load now: 63
+        big = {"text": SENTENCES, "beam": 4}  # waits (up to 1.5 s) for company up to the load: in flight at SIGTERM
         worker = threading.Thread(target=lambda: slow.update(answer=request(port, "POST", "/translate", big)))
         worker.start()
         time.sleep(0.5)

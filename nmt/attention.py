@@ -237,7 +237,7 @@ class MultiHeadAttention(nn.Module):
     def split_projections(self) -> None:
         """Inference only: `nn.Linear` modules holding copies of the Q rows and the K/V rows of the
         fused projection, used by cross-attention from then on (same outputs), so that module-level
-        tools such as dynamic quantisation see them. Later changes to `in_proj` are not followed."""
+        tools such as int8 quantisation see them. Later changes to `in_proj` are not followed."""
         D, w, b = self.d_model, self.in_proj.weight.detach(), self.in_proj.bias.detach()
         like = {"device": w.device, "dtype": w.dtype}
         self.q_proj, self.kv_proj = nn.Linear(D, D, **like), nn.Linear(D, 2 * D, **like)

@@ -11,9 +11,10 @@ Precision policy (weights and optimizer state always stay fp32):
 
 Decoding (`inference_model`) converts the model itself instead of autocasting: ``bf16``/``fp16``
 cast the weights once (autocast would re-cast every weight at every decoding step), ``int8``
-quantises every linear layer dynamically (int8 weights, activations quantised per call; CPU),
-the tied output projection included. ``auto`` for decoding is the precision whose timed probe —
-the model's own FFN shape, fp32 vs bf16 vs int8 — runs fastest on this machine.
+turns every linear layer into an `Int8Linear` (int8 weights; activations quantised per call and
+per row, so that outputs do not depend on the batch; CPU), the tied output projection included.
+``auto`` for decoding is the precision whose timed probe — the model's own FFN shape, fp32 vs
+bf16 vs int8 — runs fastest on this machine.
 
 Measurements ("probes") are cached per process and on disk (``$NMT_CACHE_DIR`` or
 ``~/.cache/nmt/probes.json``), keyed by CPU model, torch version, threads and shape, so that a
@@ -28,7 +29,6 @@ import json
 import os
 import platform
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -156,7 +156,7 @@ def resolve_inference_precision(device: torch.device, precision: str, shape: tup
         d_model, ffn_dim = shape
         return str(probe(f"cpu-decode-precision {d_model}x{ffn_dim}", lambda: _fastest_precision(d_model, ffn_dim)))
     if precision == "int8" and device.type != "cpu":
-        raise NmtError(f"--precision int8: dynamic int8 quantisation runs on CPU only, not {device.type} (use bf16)")
+        raise NmtError(f"--precision int8: int8 decoding runs on CPU only, not {device.type} (use bf16)")
     if precision == "fp16" and device.type != "cuda":
         raise NmtError("--precision fp16 needs a CUDA device; use bf16 or int8 on CPU")
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -185,7 +185,7 @@ def _copy(module: torch.nn.Module) -> torch.nn.Module:
 
 def inference_model(model: torch.nn.Module, device: torch.device, precision: str) -> torch.nn.Module:
     """`model` on `device` in eval mode, converted for decoding in the resolved `precision`:
-    bf16/fp16 weights cast once, int8 dynamically quantised (`quantize_int8`); on a CPU, fp32 and
+    bf16/fp16 weights cast once, int8 linear layers (`quantize_int8`); on a CPU, fp32 and
     bf16 linear layers get weights pre-packed for oneDNN (`pack_linears`)."""
     model = model.to(device).eval()
     if not isinstance(model, torch.nn.Module):  # a duck-typed decoding model (tests): used as it is
@@ -254,30 +254,38 @@ def _unchanged(x: Tensor) -> Tensor:
 
 
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
-    """Every `nn.Linear` as a dynamic int8 linear layer (int8 weights, per-call int8 activations).
-    A model with `split_projections` (the Transformer) first exposes its weight slices and its tied
-    output projection as linear layers, so that they are quantised too."""
+    """Every `nn.Linear` as an `Int8Linear`, in place. A model with `split_projections` (the
+    Transformer) first exposes its weight slices and its tied output projection as linear layers,
+    so that they are quantised too."""
     if hasattr(model, "split_projections"):
         model.split_projections()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notices
-        model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
-    _replace_modules(model, torch.ao.nn.quantized.dynamic.Linear, Int8Linear)
+    _replace_modules(model, torch.nn.Linear, Int8Linear)
     return model
 
 
 class Int8Linear(torch.nn.Module):
-    """torch's dynamic int8 linear layer, called through the operator overload itself: the same
-    kernel and outputs without the Python dispatch checks that cost ~40% of it for a few rows."""
+    """A linear layer in int8: weights quantised once with one scale per output feature, inputs
+    at each call with one scale per row, multiplied exactly in int32 (`torch._int_mm`) and scaled
+    back to fp32. One scale per row keeps every row's output independent of the other rows, so a
+    sentence translates the same whichever sentences share its batch; torch's dynamic int8 layer
+    quantises a whole batch with one scale, and its outputs changed with the batch."""
 
-    def __init__(self, quantised: torch.nn.Module) -> None:
+    def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()
-        self.in_features, self.out_features = quantised.in_features, quantised.out_features
-        self.packed = quantised._packed_params._packed_params  # int8 weight + bias, fbgemm layout
-        self.op = torch.ops.quantized.linear_dynamic.default
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        w = linear.weight.detach().float()  # (N, K)
+        self.scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127  # (N,)
+        self.weight_t = torch.round(w / self.scale[:, None]).to(torch.int8).t()  # (K, N), int8 in [-127, 127]
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.op(x, self.packed, True)  # reduce_range=True, as torch's module does
+        rows = x.reshape(-1, self.in_features).float()  # (M, K)
+        row_scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127  # (M, 1)
+        q = torch.round(rows / row_scale).to(torch.int8)
+        y = torch._int_mm(q, self.weight_t).float() * (row_scale * self.scale)  # (M, N)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
 
 
 def _replace_modules(model: torch.nn.Module, kind: type, make: Callable[[torch.nn.Module], torch.nn.Module]) -> None:

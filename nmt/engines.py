@@ -31,7 +31,7 @@ class NativeEngine:
     """nmt's PyTorch model on `device`, decoding in `precision` (auto | fp32 | bf16 | fp16 | int8).
 
     'auto' resolves to the fastest precision measured on this machine (`nmt.device`); the model is
-    converted once (bf16/fp16 weights, int8 dynamic quantisation), `self.precision` is the result.
+    converted once (bf16/fp16 weights, int8 linear layers), `self.precision` is the result.
     """
 
     name = "native"

@@ -188,8 +188,8 @@ class Transformer(nn.Module):
     def split_projections(self) -> None:
         """Inference only: expose every matmul that runs through `F.linear` on a weight slice or a
         tied weight as an `nn.Linear` module sharing the same weights (cross-attention Q and K/V
-        rows, the output projection), so that module-level tools such as
-        `torch.ao.quantization.quantize_dynamic` reach them. The outputs do not change."""
+        rows, the output projection), so that module-level conversions such as
+        `nmt.device.quantize_int8` reach them. The outputs do not change."""
         for layer in self.decoder.layers:
             layer.cross_attn.split_projections()
         weight = self.tgt_embed.weight if self.output_proj is None else self.output_proj.weight

@@ -5,8 +5,9 @@
    all sentences in one `Translator.translate` call (length-sorted batches of decode.batch_size),
    once before and once after the load test; the faster of the two is the ceiling.
 2. A real server (`python -m nmt serve --port 0`) on 127.0.0.1, loaded with the same settings.
-3. For each concurrency C: C client threads, one sentence per request, pull the sentences from
-   a shared list until it is used up or `--max-seconds` have passed. Reported: sentences/s
+3. For each concurrency C: C client threads (each keeps its connection open, HTTP keep-alive),
+   one sentence per request, pull the sentences from a shared list until it is used up or
+   `--max-seconds` have passed. Reported: sentences/s
    (answered / wall time), latency percentiles, errors (non-200 answers or answers that differ
    from the offline translation), and the server's throughput as a share of the ceiling, per
    wall second and per CPU second (server process CPU time vs this process's during the offline
@@ -103,8 +104,10 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
     sys.exit("server never became healthy")
 
 
-def post(port: int, path: str, body: dict | None) -> tuple[int, dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+def post(port: int, path: str, body: dict | None, conn: http.client.HTTPConnection | None = None) -> tuple[int, dict]:
+    """One request; on `conn` (kept open, HTTP keep-alive, as load generators and clients do) or a new connection."""
+    own = conn is None
+    conn = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=300)
     try:
         if body is None:
             conn.request("GET", path)
@@ -112,8 +115,12 @@ def post(port: int, path: str, body: dict | None) -> tuple[int, dict]:
             conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
         r = conn.getresponse()
         return r.status, json.loads(r.read())
+    except (OSError, http.client.HTTPException):
+        conn.close()  # reconnects on the next request
+        raise
     finally:
-        conn.close()
+        if own:
+            conn.close()
 
 
 def model_calls(port: int) -> int:
@@ -131,6 +138,7 @@ def load_level(port: int, sentences: list[str], expected: list[str], clients: in
     deadline = time.perf_counter() + max_seconds
 
     def client() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
         while time.perf_counter() < deadline:
             with lock:
                 i = next(cursor, None)
@@ -139,9 +147,9 @@ def load_level(port: int, sentences: list[str], expected: list[str], clients: in
                 level.sent += 1
             start = time.perf_counter()
             try:
-                status, body = post(port, "/translate", {"text": sentences[i]})
+                status, body = post(port, "/translate", {"text": sentences[i]}, conn)
                 ok = status == 200 and body["translations"][0]["text"] == expected[i]
-            except (OSError, ValueError, KeyError):
+            except (OSError, ValueError, KeyError, http.client.HTTPException):
                 ok = False
             with lock:
                 level.latencies.append(time.perf_counter() - start)
@@ -181,6 +189,7 @@ def main() -> None:
     settings = f"beam {beam}, {translator.engine.name} {translator.precision} on {translator.device}"
     load = os.getloadavg()[0]
 
+    args.precision = str(translator.precision)  # 'auto' may resolve otherwise in the server (its threads differ)
     proc, port = start_server(args)
     try:
         post(port, "/translate", {"text": sentences[:8]})  # warm-up

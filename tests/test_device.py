@@ -131,6 +131,23 @@ def test_fastest_precision_really_times_the_three(probe_dir):
     assert _fastest_precision(32, 64) in ("fp32", "bf16", "int8")
 
 
+def test_int8_linear_rows_do_not_depend_on_the_batch_and_stay_close_to_fp32():
+    from nmt.device import Int8Linear
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(48, 20)
+    layer, x = Int8Linear(linear), torch.randn(9, 48)
+    with torch.no_grad():
+        together = layer(x)
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(9)])
+        assert torch.equal(together, alone)  # bit for bit: each row has its own scale, int32 products are exact
+        x[0] *= 1000  # one loud row in the batch changes nothing for the others
+        assert torch.equal(layer(x)[1:], together[1:])
+        torch.testing.assert_close(together, linear(x.clone().div_(torch.tensor([1000.0] + [1.0] * 8)[:, None])),
+                                   atol=0.05, rtol=0.05)  # fmt: skip
+        assert layer(x.view(3, 3, 48)).shape == (3, 3, 20)
+
+
 def test_int8_quantises_every_linear_layer_and_packing_keeps_outputs():
     from nmt.config import ModelConfig
     from nmt.device import Int8Linear, PackedLinear, inference_model, packing_works

@@ -273,7 +273,8 @@ def test_from_run_in_every_precision(tiny_run_dir, precision):
 
     t = Translator.from_run(tiny_run_dir, device="cpu", precision=precision)
     assert t.precision in ("fp32", "bf16", "int8")  # auto resolves to what was measured fastest
-    assert len(t.translate(LINES[:2], beam=2)) == 2
+    together = t.translate(LINES[:4], beam=2)
+    assert len(together) == 4 and together == [t.translate([line], beam=2)[0] for line in LINES[:4]]  # batch-invariant
 
 
 def test_a_run_trained_with_flash_translates_and_averages_on_cpu(tiny_run_dir, tmp_path, monkeypatch):

@@ -41,6 +41,7 @@ T = TypeVar("T")
 
 PEAK_WINDOW_S = 1.0  # how far back `Batcher._share` looks for the load
 Hypotheses = list[tuple[str, float | None]]  # (text, score) best first; score None for greedy
+LineDone = Callable[[int, Hypotheses], None]  # (line index in a model call, its hypotheses)
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,9 @@ class ModelWorkers:
 class Batcher:
     """`await batcher.translate(lines, settings)` → one `Hypotheses` per line, in order.
 
-    `decode(lines, settings)` must return one `Hypotheses` per line; it runs on one of `workers`
+    `decode(lines, settings, on_line)` must return one `Hypotheses` per line, and may call
+    `on_line(i, hypotheses)` as soon as line i is done (its request is then answered at once, if
+    all its lines are); it runs on one of `workers`
     (those the model was loaded on; default: `limits.workers` new ones), which the batcher owns
     from then on and shuts down in `close()`; with several workers it runs on several threads at
     once. `start()` and `close()` run on the event loop that serves the requests.
@@ -110,7 +113,7 @@ class Batcher:
 
     def __init__(
         self,
-        decode: Callable[[list[str], Decoding], list[Hypotheses]],
+        decode: Callable[[list[str], Decoding, LineDone], list[Hypotheses]],
         limits: BatchLimits,
         workers: ModelWorkers | None = None,
     ) -> None:
@@ -215,14 +218,16 @@ class Batcher:
 
     async def _decode_group(self, jobs: list[_Job]) -> None:
         lines = [line for j in jobs for line in j.lines]
+        early = _EarlyAnswers(jobs, asyncio.get_running_loop())
         try:
-            results = await self.run(self._decode_counted, lines, jobs[0].settings)
+            results = await self.run(self._decode_counted, lines, jobs[0].settings, early.line_done)
         except Exception as e:
             if len(jobs) == 1:
                 _settle(jobs[0].future, error=e)
                 return
             for job in jobs:  # find the culprit: everyone else still gets an answer
-                await self._decode_group([job])
+                if not job.future.done():  # (not answered early)
+                    await self._decode_group([job])
             return
         self.stats.add(len(lines))
         start = 0
@@ -230,11 +235,32 @@ class Batcher:
             _settle(job.future, results[start : start + len(job.lines)])
             start += len(job.lines)
 
-    def _decode_counted(self, lines: list[str], settings: Decoding) -> list[Hypotheses]:
-        results = self.decode(lines, settings)
+    def _decode_counted(self, lines: list[str], settings: Decoding, on_line: LineDone) -> list[Hypotheses]:
+        results = self.decode(lines, settings, on_line)
         if len(results) != len(lines):
             raise RuntimeError(f"decode returned {len(results)} results for {len(lines)} lines")
         return results
+
+
+class _EarlyAnswers:
+    """Answers each request of a model call as soon as all its lines are decoded, from the model
+    thread (`line_done`), instead of when the whole call ends: a short sentence does not wait for
+    the longest one of its batch, and its client can send its next request meanwhile."""
+
+    def __init__(self, jobs: list[_Job], loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.where = [(job, k) for job in jobs for k in range(len(job.lines))]  # call's line i → (job, index)
+        self.found: dict[int, list[Hypotheses | None]] = {id(job): [None] * len(job.lines) for job in jobs}
+        self.left = {id(job): len(job.lines) for job in jobs}
+
+    def line_done(self, i: int, hypotheses: Hypotheses) -> None:
+        job, k = self.where[i]
+        found = self.found[id(job)]
+        if found[k] is None:
+            found[k] = hypotheses
+            self.left[id(job)] -= 1
+            if self.left[id(job)] == 0:
+                self.loop.call_soon_threadsafe(_settle, job.future, list(found))
 
 
 def _settle(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:

@@ -311,9 +311,10 @@ class CTranslate2Engine:
         return max(0, min(math.floor(d.max_len_a * src_len + d.max_len_b), self.max_positions - 1))
 
     def search(
-        self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float, greedy: bool
+        self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float, greedy: bool, on_done: Any = None
     ) -> list[list[tuple[list[int], float]]]:
-        """Per sequence up to `nbest` (target ids, score), best first; score NaN for greedy."""
+        """Per sequence up to `nbest` (target ids, score), best first; score NaN for greedy.
+        (`on_done` is not called: CTranslate2 returns a batch at once.)"""
         found: list[list[tuple[list[int], float]]] = [[] for _ in seqs]
         limits = [self.max_len(len(s)) for s in seqs]
         order = sorted(range(len(seqs)), key=lambda i: limits[i])

@@ -3,10 +3,11 @@
 `Translator` (nmt/translate.py) does the text work (normalisation, tokenisation, batching,
 detokenisation) and hands each padded batch to an engine. Every engine has the same method:
 
-    search(seqs, beam, nbest, len_penalty, greedy) -> list[list[(tokens, score)]]
+    search(seqs, beam, nbest, len_penalty, greedy, on_done=None) -> list[list[(tokens, score)]]
 
 `seqs` are source piece ids without EOS; the result holds, per sequence, up to `nbest`
-`(target ids without BOS/EOS, score)` pairs, best first (score NaN for greedy).
+`(target ids without BOS/EOS, score)` pairs, best first (score NaN for greedy). An engine may call
+`on_done(i, pairs)` as soon as sequence i is done (the native beam search does; others need not).
 
 - `NativeEngine`: nmt's own PyTorch model and `nmt/search.py`.
 - the CTranslate2 engine lives in `nmt/ct2.py` (optional extra `nmt[ctranslate2]`).
@@ -14,16 +15,19 @@ detokenisation) and hands each padded batch to an engine. Every engine has the s
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from nmt.batching import pad_sources  # re-exported: the one padded source batch
 from nmt.config import DecodeConfig
 from nmt.device import inference_model, resolve_inference_precision
-from nmt.search import beam_search, greedy_search
+from nmt.search import Hypothesis, beam_search, greedy_search
 
 ENGINES = ("native", "ctranslate2")
 
 Found = list[list[tuple[list[int], float]]]
+Done = Callable[[int, list[tuple[list[int], float]]], None] | None  # see `search` above
 __all__ = ["ENGINES", "Found", "NativeEngine", "pad_sources"]
 
 
@@ -43,14 +47,20 @@ class NativeEngine:
         self.model = inference_model(model, device, self.precision)
         self.decode, self.device = decode, device
 
-    def search(self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float, greedy: bool) -> Found:
+    def search(
+        self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float, greedy: bool, on_done: Done = None
+    ) -> Found:
         d = self.decode
         src = pad_sources(seqs).to(self.device)  # (B, S)
         with torch.inference_mode():
             if greedy:
                 out = greedy_search(self.model, src, d.max_len_a, d.max_len_b, d.min_len)
                 return [[(tokens, float("nan"))] for tokens in out]
-            hyps = beam_search(
-                self.model, src, beam, nbest, len_penalty, d.max_len_a, d.max_len_b, d.min_len, d.no_repeat_ngram
-            )
-        return [[(h.tokens, h.score) for h in row] for row in hyps]
+            report = (lambda i, row: on_done(i, _pairs(row))) if on_done is not None else None
+            lengths = (d.max_len_a, d.max_len_b, d.min_len, d.no_repeat_ngram)
+            hyps = beam_search(self.model, src, beam, nbest, len_penalty, *lengths, on_done=report)
+        return [_pairs(row) for row in hyps]
+
+
+def _pairs(hyps: list[Hypothesis]) -> list[tuple[list[int], float]]:
+    return [(h.tokens, h.score) for h in hyps]

@@ -38,6 +38,7 @@ Results do not depend on the other sentences in the batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,8 +219,10 @@ def beam_search(
     max_len_b: float = 10,
     min_len: int = 1,
     no_repeat_ngram: int = 0,
+    on_done: Callable[[int, list[Hypothesis]], None] | None = None,
 ) -> list[list[Hypothesis]]:
-    """Beam search for a batch `src` (B, S); returns, per sentence, up to `nbest` hypotheses, best first."""
+    """Beam search for a batch `src` (B, S); returns, per sentence, up to `nbest` hypotheses, best first.
+    `on_done(b, hypotheses)` is called as soon as sentence b is done (before the batch is)."""
     if beam < 1 or not 1 <= nbest <= beam:
         raise ValueError(f"need beam >= 1 and 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
     B, K, dev = src.size(0), beam, src.device
@@ -255,6 +258,8 @@ def beam_search(
             finished = done.nonzero().squeeze(1)
             for b, hyps in zip(sent[finished].tolist(), _collect(fin.select(finished), nbest), strict=True):
                 results[b] = hyps
+                if on_done is not None:
+                    on_done(b, hyps)
             keep = (~done).nonzero().squeeze(1)  # (N',)
             if keep.numel() == 0:
                 break

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr, V
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from nmt.batcher import Batcher, BatchLimits, Decoding, Hypotheses, ModelWorkers
+from nmt.batcher import Batcher, BatchLimits, Decoding, Hypotheses, LineDone, ModelWorkers
 from nmt.errors import NmtError
 from nmt.runlog import curves_to_json, eval_summary, read_curves, read_eval_reports
 
@@ -117,6 +117,10 @@ def _where(loc: tuple) -> str:
     return ".".join(str(p) for p in loc[:1] + tuple(p for p in loc[1:] if isinstance(p, int))) or "body"
 
 
+def _scored(pairs: list[tuple[str, float]]) -> Hypotheses:
+    return [(t, float(score)) for t, score in pairs] or [("", None)]
+
+
 def body_schema(model: type[BaseModel]) -> dict:
     """OpenAPI entry for a route that reads its JSON body itself (to bound its size)."""
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
@@ -167,13 +171,15 @@ class Service:
 
     # work on the model threads
 
-    def decode(self, lines: list[str], s: Decoding) -> list[Hypotheses]:
-        """Exactly `nmt translate`'s path: a beam of 1 without n-best runs greedy search (no score)."""
+    def decode(self, lines: list[str], s: Decoding, on_line: LineDone | None = None) -> list[Hypotheses]:
+        """Exactly `nmt translate`'s path: a beam of 1 without n-best runs greedy search (no score).
+        `on_line(i, hypotheses)` hears of each line the beam search finishes before the batch does."""
         if s.beam == 1 and s.nbest == 1:
             texts = self.translator.translate(lines, 1, 1, s.len_penalty)
             return [[(t, None)] for t in texts]
-        found = self.translator.translate_nbest(lines, s.beam, s.nbest, s.len_penalty)
-        return [[(t, float(score)) for t, score in hyps] or [("", None)] for hyps in found]
+        report = (lambda i, pairs: on_line(i, _scored(pairs))) if on_line is not None else None
+        found = self.translator.translate_nbest(lines, s.beam, s.nbest, s.len_penalty, report)
+        return [_scored(pairs) for pairs in found]
 
     # requests
 

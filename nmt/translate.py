@@ -30,7 +30,7 @@ import io
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,10 +168,18 @@ class Translator:
         return list(self.translate_stream(lines, beam=beam, nbest=nbest, len_penalty=len_penalty))
 
     def translate_nbest(
-        self, lines: list[str], beam: int | None = None, nbest: int | None = None, len_penalty: float | None = None
+        self,
+        lines: list[str],
+        beam: int | None = None,
+        nbest: int | None = None,
+        len_penalty: float | None = None,
+        on_line: Callable[[int, list[tuple[str, float]]], None] | None = None,
     ) -> list[list[tuple[str, float]]]:
-        """Up to `nbest` (default decode.nbest) `(text, score)` pairs per line, best first; [] for blank lines."""
-        return self._translate_chunk(list(lines), 1, beam, nbest or self.config.decode.nbest, len_penalty, True)
+        """Up to `nbest` (default decode.nbest) `(text, score)` pairs per line, best first; [] for blank lines.
+        `on_line(i, pairs)` hears of line i as soon as the engine has it (the native beam search:
+        when the sentence is done, before the rest of its batch), on the calling thread."""
+        nbest = nbest or self.config.decode.nbest
+        return self._translate_chunk(list(lines), 1, beam, nbest, len_penalty, True, on_line)
 
     def translate_stream(
         self,
@@ -253,6 +261,7 @@ class Translator:
         nbest: int,
         len_penalty: float | None,
         scores: bool = False,
+        on_line: Callable[[int, list[tuple[str, float]]], None] | None = None,
     ) -> list[list[tuple[str, float]]]:
         """(text, score) lists for each line; without `scores` a beam of 1 runs greedy search (score NaN)."""
         d = self.config.decode
@@ -262,18 +271,25 @@ class Translator:
             raise NmtError(f"--nbest {nbest} must be between 1 and the beam size ({beam})")
         ids, masks = self.encode(lines, first_line)
         results: list[list[tuple[str, float]]] = [[] for _ in lines]
+
+        def texts(i: int, found: list) -> list[tuple[str, float]]:
+            return [(_restore(self.tgt_tok.decode(_clean(tokens)), masks[i]), s) for tokens, s in found]
+
         for group in self.batches(ids):
-            hyps = self._search([ids[i] for i in group], beam, nbest, lp, greedy=beam == 1 and not scores)
+            report = None
+            if on_line is not None:
+                report = lambda j, found, group=group: on_line(group[j], texts(group[j], found))  # noqa: E731
+            hyps = self._search([ids[i] for i in group], beam, nbest, lp, beam == 1 and not scores, report)
             for i, h in zip(group, hyps, strict=True):
-                results[i] = [(_restore(self.tgt_tok.decode(_clean(tokens)), masks[i]), s) for tokens, s in h]
+                results[i] = texts(i, h)
         return results
 
     def _search(
-        self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float, greedy: bool
+        self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float, greedy: bool, on_done: Any = None
     ) -> list[list[tuple]]:
         """Decode one batch of source sequences; returns (tokens, score) lists, best first."""
         start = time.perf_counter()
-        found = self.engine.search(seqs, beam, nbest, len_penalty, greedy)
+        found = self.engine.search(seqs, beam, nbest, len_penalty, greedy, on_done)
         with self._stats_lock:  # `nmt serve` decodes on several threads
             self.stats.seconds += time.perf_counter() - start
             self.stats.sentences += len(seqs)

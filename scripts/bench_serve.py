@@ -66,6 +66,7 @@ class Level:
     seconds: float = 0.0
     cpu_seconds: float = 0.0  # the server process's CPU time during the level
     calls: int = 0  # the server's model calls during the level (GET /info)
+    machine_busy: float = 0.0  # share of all cores' time busy during the level (server, clients, anything else)
 
 
 def cpu_model() -> str:
@@ -133,6 +134,14 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_busy_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, all cores (Linux /proc/stat)."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - idle) / hz, sum(ticks) / hz
+
+
 def load_level(port: int, sentences: list[str], expected: list[str], clients: int, max_seconds: float) -> Level:
     level, lock, cursor = Level(clients), threading.Lock(), iter(range(len(sentences)))
     deadline = time.perf_counter() + max_seconds
@@ -198,9 +207,11 @@ def main() -> None:
         settings += f", wait <= {batching['max_wait_ms']:g} ms"
         levels = []
         for c in args.concurrency.split(","):
-            cpu, calls = process_cpu_seconds(proc.pid), model_calls(port)
+            cpu, calls, machine = process_cpu_seconds(proc.pid), model_calls(port), machine_busy_seconds()
             levels.append(load_level(port, sentences, expected, int(c), args.max_seconds))
             levels[-1].cpu_seconds = process_cpu_seconds(proc.pid) - cpu
+            busy, total = (b - a for a, b in zip(machine, machine_busy_seconds(), strict=True))
+            levels[-1].machine_busy = busy / max(total, 1e-9)
             levels[-1].calls = model_calls(port) - calls
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -216,17 +227,17 @@ def main() -> None:
           f"{after:.1f} after (outputs changed between the two: {changed})")  # fmt: skip
     print(f"command: python scripts/bench_serve.py {' '.join(sys.argv[1:])}\n")
     head = ["clients", "answered", "errors", "sentences/s", "% of offline", "sentences/CPU-s", "% of offline"]
-    print("| " + " | ".join(head + ["p50 ms", "p95 ms", "p99 ms", "sentences per model call"]) + " |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| " + " | ".join(head + ["p50 ms", "p95 ms", "p99 ms", "sentences per model call", "cores busy"]) + " |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     per_call = len(sentences) / len(translator.batches(translator.encode_sources(sentences)))
     cells = ["offline batch", len(sentences), "–", f"{offline:.1f}", "100%", f"{cpu_rate:.1f}", "100%", "–", "–", "–"]
-    print("| " + " | ".join(str(c) for c in cells) + f" | {per_call:.1f} |")
+    print("| " + " | ".join(str(c) for c in cells) + f" | {per_call:.1f} | – |")
     for lv in levels:
         rate, per_cpu = len(lv.latencies) / lv.seconds, len(lv.latencies) / max(lv.cpu_seconds, 1e-9)
         ms = [1000 * percentile(lv.latencies, q) for q in (50, 95, 99)]
         cells = [lv.clients, f"{len(lv.latencies)}/{lv.sent}", lv.errors, f"{rate:.1f}", f"{100 * rate / offline:.0f}%"]
         cells += [f"{per_cpu:.1f}", f"{100 * per_cpu / cpu_rate:.0f}%"] + [f"{m:.0f}" for m in ms]
-        cells += [f"{len(lv.latencies) / max(lv.calls, 1):.1f}"]
+        cells += [f"{len(lv.latencies) / max(lv.calls, 1):.1f}", f"{100 * lv.machine_busy:.0f}%"]
         print("| " + " | ".join(str(c) for c in cells) + " |")
     lost = sum(lv.sent - len(lv.latencies) + lv.errors for lv in levels)
     sys.exit(1 if lost else 0)

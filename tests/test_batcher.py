@@ -21,7 +21,7 @@ class FakeModel:
         self.running = self.most_at_once = 0
         self._lock = threading.Lock()
 
-    def __call__(self, lines: list[str], settings: Decoding) -> list[list[tuple[str, float | None]]]:
+    def __call__(self, lines: list[str], settings: Decoding, on_line=None) -> list[list[tuple[str, float | None]]]:
         with self._lock:
             self.calls.append((list(lines), settings))
             self.threads.add(threading.current_thread().name)
@@ -84,6 +84,25 @@ def test_a_lone_request_does_not_wait_for_company():
         return time.perf_counter() - start
 
     assert run(_with_batcher(model, BatchLimits(max_wait_ms=2000), body)) < 1.0  # not the 2 s wait
+
+
+def test_a_request_is_answered_when_its_lines_are_done_not_when_its_batch_is():
+    release = threading.Event()
+
+    def streaming(lines, settings, on_line):
+        on_line(0, [("early", None)])  # line 0 is done; the call goes on
+        release.wait(5)
+        return [[(f"late {line}", None)] for line in lines]
+
+    async def body(b):
+        short = asyncio.ensure_future(b.translate(["a"], Decoding(beam=1)))
+        long = asyncio.ensure_future(b.translate(["b", "c"], Decoding(beam=1)))
+        first = await asyncio.wait_for(asyncio.shield(short), 2)  # while the call still runs
+        release.set()
+        return first, await long
+
+    first, rest = run(_with_batcher(streaming, BatchLimits(max_wait_ms=50), body))
+    assert first == [[("early", None)]] and rest == [[("late b", None)], [("late c", None)]]
 
 
 def test_max_batch_bounds_a_call_and_settings_are_never_mixed():
@@ -168,7 +187,7 @@ def test_translate_before_start_is_an_error():
 def test_a_decode_that_returns_the_wrong_count_is_an_error_and_the_worker_lives_on():
     calls = []
 
-    def short(lines, settings):
+    def short(lines, settings, on_line=None):
         calls.append(lines)
         return [[("x", None)]] * (len(lines) - 1 if lines[0] == "bad" else len(lines))
 

@@ -401,3 +401,13 @@ def test_decoding_precisions_on_the_trained_transformer(trained_transformer):
         assert sum(a == b for a, b in zip(greedy_search(model, src), expected, strict=True)) >= least, precision
         found = [h[0].tokens for h in beam_search(model, src, beam=4)]
         assert sum(a == b for a, b in zip(found, beams, strict=True)) >= least, precision
+
+
+def test_on_done_reports_each_sentence_once_as_it_finishes(trained_transformer):
+    heard: list[tuple[int, list]] = []
+    src = batch(*REAL_SOURCES)
+    out = beam_search(trained_transformer, src, beam=3, nbest=2, on_done=lambda b, hyps: heard.append((b, hyps)))
+    assert sorted(b for b, _ in heard) == list(range(len(REAL_SOURCES)))
+    assert all(hyps == out[b] for b, hyps in heard)
+    lengths = [len(out[b][0].tokens) for b, _ in heard]
+    assert lengths[0] <= lengths[-1]  # in finishing order: a short output is heard before a long one

@@ -253,6 +253,10 @@ def test_nbest(copy_translator):
     joined = t.translate(["猫在桌子上。"], beam=3, nbest=3)[0]
     assert joined.split("\n") == [f"{score:.4f}\t{text}" for text, score in nb[0]]  # score<TAB>text, best first
     assert t.translate([""], beam=3, nbest=3)[0].split("\n") == ["nan\t"] * 3  # K lines for every input
+    heard: dict[int, list] = {}
+    lines = ["猫在桌子上。", "", "我们九点见。"]
+    found = t.translate_nbest(lines, beam=3, nbest=2, on_line=lambda i, pairs: heard.setdefault(i, pairs))
+    assert heard == {0: found[0], 2: found[2]}  # each decoded line heard once, as returned
 
 
 def test_from_run_loads_the_checkpoint(tiny_run_dir):
@@ -360,7 +364,7 @@ class _ScriptedEngine:
     def __init__(self, tok: _CharTok, script: dict[str, str]):
         self.tok, self.script, self.seen = tok, script, []
 
-    def search(self, seqs, beam, nbest, len_penalty, greedy):
+    def search(self, seqs, beam, nbest, len_penalty, greedy, on_done=None):
         out = []
         for s in seqs:
             self.seen.append(self.tok.decode(s))

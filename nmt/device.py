@@ -253,6 +253,9 @@ def _unchanged(x: Tensor) -> Tensor:
     return x
 
 
+ROW_BUCKET = 16  # `Int8Linear` pads its rows to a multiple of this
+
+
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     """Every `nn.Linear` as an `Int8Linear`, in place. A model with `split_projections` (the
     Transformer) first exposes its weight slices and its tied output projection as linear layers,
@@ -280,11 +283,13 @@ class Int8Linear(torch.nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features).float()  # (M, K)
-        row_scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127  # (M, 1)
-        q = torch.round(rows / row_scale).to(torch.int8)
-        y = torch._int_mm(q, self.weight_t).float() * (row_scale * self.scale)  # (M, N)
-        if self.bias is not None:
-            y = y + self.bias
+        M = rows.size(0)
+        row_scale = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127)  # (M, 1)
+        q = (rows / row_scale).round_().to(torch.int8)  # (M, K) in [-127, 127]
+        if M % ROW_BUCKET:  # zero rows up to a bucket: oneDNN builds a kernel per shape, and a decoder's
+            q = F.pad(q, (0, 0, 0, ROW_BUCKET - M % ROW_BUCKET))  # row count changes at every step
+        y = torch._int_mm(q, self.weight_t)[:M].float().mul_(row_scale)  # (M, N), exact int32 products
+        y = y.mul_(self.scale) if self.bias is None else torch.addcmul(self.bias, y, self.scale)
         return y.view(*x.shape[:-1], self.out_features)
 
 

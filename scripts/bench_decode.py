@@ -77,7 +77,7 @@ def _whole_batches(base: type) -> type:
     class WholeBatches(base):  # type: ignore[misc, valid-type]
         """One translate_batch call per batch, at the longest sentence's limit."""
 
-        def search(self, seqs, beam, nbest, len_penalty, greedy):  # noqa: ANN001, ANN202
+        def search(self, seqs, beam, nbest, len_penalty, greedy, on_done=None):  # noqa: ANN001, ANN202
             limits = [self.max_len(len(s)) for s in seqs]
             sources = [[self.src_pieces[t] for t in s] for s in seqs]
             results = self._translate(sources, max(limits), beam, len_penalty, greedy)

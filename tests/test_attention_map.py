@@ -99,14 +99,14 @@ def test_attention_map_of_a_trained_run(tiny_run):
     assert torch.allclose(torch.tensor(half.weights), torch.tensor(amap.weights), atol=0.05)
 
 
-def test_maps_of_a_dynamically_quantised_model_match_the_float_model(model):
-    """int8 dynamic quantisation swaps nn.Linear for modules whose weight() is a method: still readable."""
+def test_maps_of_an_int8_model_match_the_float_model(model):
+    """int8 swaps nn.Linear for `Int8Linear` (no float weight to read): maps go through the layers."""
     import copy
 
-    prepared = copy.deepcopy(model)
-    prepared.split_projections()  # what the int8 path does before quantising (nmt/model.py)
-    quantised = torch.ao.quantization.quantize_dynamic(prepared, {nn.Linear}, dtype=torch.qint8)
-    assert callable(cross_attention_modules(quantised)[0].in_proj.weight)
+    from nmt.device import Int8Linear, quantize_int8
+
+    quantised = quantize_int8(copy.deepcopy(model))  # splits the projections first, as decoding does
+    assert isinstance(cross_attention_modules(quantised)[0].q_proj, Int8Linear)
     float_map, int8_map = cross_attention(model, SRC, TGT), cross_attention(quantised, SRC, TGT)
     assert int8_map.shape == float_map.shape
     assert torch.allclose(int8_map.sum(-1), torch.ones_like(int8_map.sum(-1)), atol=1e-5)

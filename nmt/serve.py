@@ -157,7 +157,7 @@ class Service:
         from nmt.device import available_cores
         from nmt.translate import Translator
 
-        count = limits.batch.workers or auto_workers(opts.device)
+        count = limits.batch.workers or auto_workers(opts)
         if count > 1:
             torch.set_num_threads(max(1, available_cores() // count))
         limits = replace(limits, batch=replace(limits.batch, workers=count))
@@ -283,12 +283,15 @@ class Service:
         }
 
 
-def auto_workers(device: str) -> int:
-    """`--workers 0`: one per core on a CPU, at most 4 (the workers share Python's GIL; measured
-    on 2 cores only), and 1 on a GPU (its kernels already use the whole device)."""
+def auto_workers(opts: Any) -> int:
+    """`--workers 0` for `opts` (`InferenceOptions`): with the native engine on a CPU one per core,
+    at most 4 (the workers share Python's GIL; measured on 2 cores only); on a GPU 1 (its kernels
+    already use the whole device), and with CTranslate2 1 (it keeps its own threads)."""
     from nmt.device import available_cores, resolve_device
 
-    return 1 if resolve_device(device).type == "cuda" else min(available_cores(), 4)
+    if opts.engine != "native" or resolve_device(opts.device).type == "cuda":
+        return 1
+    return min(available_cores(), 4)
 
 
 # --------------------------------------------------------------------------- the app

@@ -25,7 +25,7 @@ from nmt.batcher import BatchLimits  # noqa: E402
 from nmt.checkpoint import read_metadata  # noqa: E402
 from nmt.config import load_config  # noqa: E402
 from nmt.device import available_cores  # noqa: E402
-from nmt.serve import ServeLimits, Service, create_app  # noqa: E402
+from nmt.serve import ServeLimits, Service, auto_workers, create_app  # noqa: E402
 from nmt.translate import InferenceOptions, Translator  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -221,6 +221,11 @@ def test_the_model_loads_and_decodes_on_one_thread_that_is_not_the_event_loops(r
     with TestClient(create_app(service)) as c:
         assert post(c, "/translate", {"text": SENTENCES[0]})[0] == 200
     assert threads["load"] == threads["decode"] != threading.get_ident()
+
+
+def test_auto_workers_one_per_core_for_the_native_engine_on_a_cpu_else_one():
+    assert auto_workers(InferenceOptions(device="cpu")) == min(available_cores(), 4)
+    assert auto_workers(InferenceOptions(device="cpu", engine="ctranslate2")) == 1
 
 
 def test_two_workers_answer_concurrent_requests_as_the_translator_does(run, translator):

@@ -33,6 +33,7 @@ import collections
 import concurrent.futures
 import itertools
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -95,6 +96,21 @@ class ModelWorkers:
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)` on a model thread without blocking the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def set_threads(self, n: int) -> None:
+        """PyTorch intra-op threads `n` on every model thread (and as the default for new ones):
+        a thread that has already run ops keeps its own setting until it sets it itself."""
+        import torch
+
+        torch.set_num_threads(n)
+        everyone = threading.Barrier(self.count)  # holds each task until all run: one per thread
+
+        def on_this_thread() -> None:
+            torch.set_num_threads(n)
+            everyone.wait(timeout=60)
+
+        for future in [self._pool.submit(on_this_thread) for _ in range(self.count)]:
+            future.result()
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)

@@ -151,15 +151,14 @@ class Service:
         """Load the model of `opts` (`InferenceOptions`) on the model threads that will decode with it.
 
         Several workers (`limits.batch.workers`, 0 = `auto_workers`) share the cores: PyTorch gets
-        cores // workers intra-op threads (process-wide), see nmt/batcher.py for why."""
-        import torch
+        cores // workers intra-op threads (process-wide), see nmt/batcher.py for why, but only
+        after loading, so that `--precision auto` resolves as it does for `nmt translate` (its
+        timed probe depends on the thread count) and the answers equal what that prints."""
 
         from nmt.device import available_cores
         from nmt.translate import Translator
 
         count = limits.batch.workers or auto_workers(opts)
-        if count > 1:
-            torch.set_num_threads(max(1, available_cores() // count))
         limits = replace(limits, batch=replace(limits.batch, workers=count))
         workers = ModelWorkers(count)
         try:
@@ -167,6 +166,8 @@ class Service:
         except BaseException:
             workers.shutdown()
             raise
+        if count > 1:
+            workers.set_threads(max(1, available_cores() // count))
         return cls(translator, run_dir, limits, opts.beam, workers)
 
     # work on the model threads

@@ -228,11 +228,30 @@ def test_auto_workers_one_per_core_for_the_native_engine_on_a_cpu_else_one():
     assert auto_workers(InferenceOptions(device="cpu", engine="ctranslate2")) == 1
 
 
-def test_two_workers_answer_concurrent_requests_as_the_translator_does(run, translator):
+def test_two_workers_answer_concurrent_requests_as_the_translator_does(run, translator, monkeypatch):
+    import nmt.engines
+
+    resolve, seen = nmt.engines.resolve_inference_precision, []
+
+    def resolving(*args):
+        seen.append(torch.get_num_threads())
+        return resolve(*args)
+
+    monkeypatch.setattr(nmt.engines, "resolve_inference_precision", resolving)
     limits = ServeLimits(batch=BatchLimits(max_wait_ms=20, workers=2))
     torch.set_num_threads(4)  # the `one_thread` fixture puts the test's setting back afterwards
     service = Service.load(InferenceOptions(run_dir=run, precision="fp32"), run, limits)
-    assert service.batcher.workers.count == 2 and torch.get_num_threads() == max(1, available_cores() // 2)
+    assert seen == [4]  # 'auto' is resolved with the threads `nmt translate` has, before the workers get theirs
+    threads = max(1, available_cores() // 2)
+    assert service.batcher.workers.count == 2 and torch.get_num_threads() == threads
+    both = threading.Barrier(2)  # two calls at once: one on each worker thread, the loading one included
+
+    def report() -> int:
+        both.wait(10)
+        return torch.get_num_threads()
+
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(lambda _: service.batcher.workers.call(report), range(2))) == [threads] * 2
     expected = dict(zip(SENTENCES, translator.translate(SENTENCES, beam=3), strict=True))
     with TestClient(create_app(service)) as c, ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda s: post(c, "/translate", {"text": s, "beam": 3}), SENTENCES * 4))

@@ -37,6 +37,12 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.fixture(params=["generated", pytest.param("real", marks=pytest.mark.real_data)])
+def any_mirror(request, mini_mirror) -> Path:
+    """The generated mirror, and the real one where it exists (the real case is deselected without it)."""
+    return mini_mirror if request.param == "generated" else request.getfixturevalue("shared_data")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "real_data: uses the real corpus mirror; deselected where it is absent")
 

@@ -362,12 +362,6 @@ def test_bf16_and_fp32_reach_similar_loss(tmp_path):
 # --------------------------------------------------------------------------- real data
 
 
-@pytest.fixture(params=["generated", pytest.param("real", marks=pytest.mark.real_data)])
-def any_mirror(request, mini_mirror) -> Path:
-    """The generated mirror, and the real one where it exists (the real case is deselected without it)."""
-    return mini_mirror if request.param == "generated" else request.getfixturevalue("shared_data")
-
-
 def test_overfits_32_validation_pairs(tmp_path, any_mirror):
     from nmt.corpus import prepare_corpus
     from nmt.data import ParallelSplit

@@ -43,13 +43,25 @@ def real_run(tmp_path_factory) -> tuple[Config, Path, dict]:
     return cfg, run, build_vocab(cfg, run)
 
 
-def test_real_tatoeba_validation_has_no_unk(shared_data, tmp_path):
-    """Where the real mirror is present: byte fallback leaves no <unk> on its Traditional and rare characters."""
+@pytest.fixture(params=["generated", pytest.param("real", marks=pytest.mark.real_data)])
+def first_lines(request, tmp_path) -> Path:
+    """A mirror of 3,000 train, 500 valid and 500 test lines: generated with a real-sized character
+    inventory, and the first lines of the real mirror where it exists."""
+    from synthetic import write_mirror
+
     root = tmp_path / "m"
-    root.mkdir()
+    if request.param == "generated":
+        return write_mirror(root, train=3000, valid=500, test=500, rich=True)
+    (root / "tatoeba-zh-en").mkdir(parents=True)
     for name, keep in (("train.jsonl", 3000), ("validation.jsonl", 500), ("test.jsonl", 500)):
-        with open(shared_data / "tatoeba-zh-en" / name, encoding="utf-8") as f:
-            (root / name).write_text("".join(itertools.islice(f, keep)), encoding="utf-8")
+        with open(request.getfixturevalue("shared_data") / "tatoeba-zh-en" / name, encoding="utf-8") as f:
+            (root / "tatoeba-zh-en" / name).write_text("".join(itertools.islice(f, keep)), encoding="utf-8")
+    return root
+
+
+def test_validation_has_no_unk(first_lines, tmp_path):
+    """Byte fallback leaves no <unk> on Traditional and rare characters."""
+    root = first_lines
     cfg = config()
     prepare_corpus(cfg, tmp_path / "run", mirror=str(root))
     report = build_vocab(cfg, tmp_path / "run")

@@ -121,10 +121,10 @@ class Batcher:
 
     `decode(lines, settings, on_line)` must return one `Hypotheses` per line, and may call
     `on_line(i, hypotheses)` as soon as line i is done (its request is then answered at once, if
-    all its lines are); it runs on one of `workers`
-    (those the model was loaded on; default: `limits.workers` new ones), which the batcher owns
-    from then on and shuts down in `close()`; with several workers it runs on several threads at
-    once. `start()` and `close()` run on the event loop that serves the requests.
+    all its lines are). It runs on one of `workers` (those the model was loaded on; default:
+    `limits.workers` new ones), several at once with several workers; the batcher owns them from
+    then on and shuts them down in `close()`. `start()` and `close()` run on the event loop that
+    serves the requests.
     """
 
     def __init__(

@@ -118,6 +118,12 @@ class NmtConverter(Converter):
         spec.gamma = self.take(f"{prefix}.weight")
         spec.beta = self.take(f"{prefix}.bias")
 
+    def _self_attention(self, spec: Any, prefix: str, block: str) -> None:
+        """A layer's fused QKV and output projections and the norm of its sublayer `block`."""
+        self._linear(spec.linear[0], f"{prefix}.self_attn.in_proj")
+        self._linear(spec.linear[1], f"{prefix}.self_attn.out_proj")
+        self._norm(spec.layer_norm, f"{prefix}.{block}.norm")
+
     def _ffn(self, spec: Any, prefix: str) -> None:
         self._linear(spec.linear_0, f"{prefix}.ffn.fc1")
         self._linear(spec.linear_1, f"{prefix}.ffn.fc2")
@@ -128,9 +134,7 @@ class NmtConverter(Converter):
         spec.position_encodings.encodings = self._positions("src_positions.weight")
         for i, layer in enumerate(spec.layer):
             p = f"encoder.layers.{i}"
-            self._linear(layer.self_attention.linear[0], f"{p}.self_attn.in_proj")
-            self._linear(layer.self_attention.linear[1], f"{p}.self_attn.out_proj")
-            self._norm(layer.self_attention.layer_norm, f"{p}.attn_block.norm")
+            self._self_attention(layer.self_attention, p, "attn_block")
             self._ffn(layer.ffn, p)
         if self.cfg.norm == "pre":
             self._norm(spec.layer_norm, "encoder.norm")
@@ -141,9 +145,7 @@ class NmtConverter(Converter):
         spec.position_encodings.encodings = self._positions("tgt_positions.weight")
         for i, layer in enumerate(spec.layer):
             p = f"decoder.layers.{i}"
-            self._linear(layer.self_attention.linear[0], f"{p}.self_attn.in_proj")
-            self._linear(layer.self_attention.linear[1], f"{p}.self_attn.out_proj")
-            self._norm(layer.self_attention.layer_norm, f"{p}.self_block.norm")
+            self._self_attention(layer.self_attention, p, "self_block")
             self._linear(layer.attention.linear[0], f"{p}.cross_attn.in_proj", slice(0, D))
             self._linear(layer.attention.linear[1], f"{p}.cross_attn.in_proj", slice(D, None))
             self._linear(layer.attention.linear[2], f"{p}.cross_attn.out_proj")

@@ -275,13 +275,19 @@ class Translator:
         def texts(i: int, found: list) -> list[tuple[str, float]]:
             return [(_restore(self.tgt_tok.decode(_clean(tokens)), masks[i]), s) for tokens, s in found]
 
+        heard: set[int] = set()  # lines already detokenised for `on_line`
+
+        def report(i: int, found: list) -> None:
+            results[i] = texts(i, found)
+            heard.add(i)
+            on_line(i, results[i])
+
         for group in self.batches(ids):
-            report = None
-            if on_line is not None:
-                report = lambda j, found, group=group: on_line(group[j], texts(group[j], found))  # noqa: E731
-            hyps = self._search([ids[i] for i in group], beam, nbest, lp, beam == 1 and not scores, report)
+            early = (lambda j, found, group=group: report(group[j], found)) if on_line is not None else None
+            hyps = self._search([ids[i] for i in group], beam, nbest, lp, beam == 1 and not scores, early)
             for i, h in zip(group, hyps, strict=True):
-                results[i] = texts(i, h)
+                if i not in heard:
+                    results[i] = texts(i, h)
         return results
 
     def _search(

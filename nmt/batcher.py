@@ -1,7 +1,7 @@
 """Dynamic batching for the server: concurrent requests are decoded together, on several workers.
 
 Each request (one or more sentences and its decoding settings) is queued with a future. One
-asyncio task waits until one of the `workers` model threads is free, takes the first waiting
+asyncio task waits until one of the model `workers` is free, takes the first waiting
 request, gathers more for at most `max_wait_ms` (or until `max_batch` sentences are waiting),
 groups them by decoding settings and hands each group's sentences to `decode` in one call on
 that worker (`Translator` then sorts them by length into its own batches). While the workers
@@ -10,35 +10,19 @@ any waiting. Results go back to each request in its input order. A group that ra
 decoded again one request at a time, so a request that makes the model fail fails alone.
 Requests whose caller has gone (cancelled future) are skipped.
 
-Threads. All model work (loading, decoding, attention maps) runs on the `ModelWorkers` threads,
-never on the event loop's. With one worker, PyTorch keeps its intra-op threads (one per core);
-with several (`nmt serve` starts one per core), each decodes with one intra-op thread. Two facts
-measured on a 2-core AMD EPYC (scripts and figures in docs/BENCHMARKS.md, "Serving under load"):
-- PyTorch's CPU ops run on an OpenMP team that belongs to the calling thread. Once two threads
-  have run them with 2 intra-op threads each, the teams outnumber the cores and libgomp spins
-  only briefly before a worker sleeps ("if there are more OpenMP threads than available CPUs,
-  1000 and 100 spins are used", GCC's libgomp manual on GOMP_SPINCOUNT), so each small op of a
-  decoding step pays a wake-up: beam search in groups of 19 ran at 65-76 sentences/s when the
-  model was loaded on one thread and used on another, 107-127 on one thread.
-- The batches of a server are small and unsorted, and a step of a small batch is mostly fixed
-  cost (Python, streaming the weights) that a second intra-op thread does not share. Two
-  workers with one thread each decoded random groups of 32 at 150-170 sentences/s where one
-  worker with two threads managed 128-132 (length-sorted groups of 64: 174-195 either way).
+The model work runs on `nmt.workers.ModelWorkers` (threads driving the model, in this process
+or in child processes; see there); the batcher decides what each of them decodes, when.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import itertools
 import math
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
-
-T = TypeVar("T")
+from typing import Any
 
 PEAK_WINDOW_S = 1.0  # how far back `Batcher._share` looks for the load
 Hypotheses = list[tuple[str, float | None]]  # (text, score) best first; score None for greedy
@@ -58,7 +42,7 @@ class Decoding:
 class BatchLimits:
     max_wait_ms: float = 5.0  # how long the first request of a batch waits for company
     max_batch: int = 64  # sentences gathered into one model call (a larger request is decoded whole)
-    workers: int = 1  # model threads decoding batches at once (0 = `nmt.serve.auto_workers`)
+    workers: int = 1  # model workers decoding batches at once (0 = `nmt.serve.auto_workers`)
 
 
 @dataclass
@@ -82,59 +66,19 @@ class _Job:
     future: asyncio.Future
 
 
-class ModelWorkers:
-    """The threads on which a server runs its model (see the module docstring for why)."""
-
-    def __init__(self, count: int = 1) -> None:
-        self.count = count
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=count, thread_name_prefix="nmt-model")
-
-    def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(*args)` on a model thread and wait for it (before the event loop runs)."""
-        return self._pool.submit(fn, *args).result()
-
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(*args)` on a model thread without blocking the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-
-    def set_threads(self, n: int) -> None:
-        """PyTorch intra-op threads `n` on every model thread (and as the default for new ones):
-        a thread that has already run ops keeps its own setting until it sets it itself."""
-        import torch
-
-        torch.set_num_threads(n)
-        everyone = threading.Barrier(self.count)  # holds each task until all run: one per thread
-
-        def on_this_thread() -> None:
-            torch.set_num_threads(n)
-            everyone.wait(timeout=60)
-
-        for future in [self._pool.submit(on_this_thread) for _ in range(self.count)]:
-            future.result()
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=True)
-
-
 class Batcher:
     """`await batcher.translate(lines, settings)` → one `Hypotheses` per line, in order.
 
-    `decode(lines, settings, on_line)` must return one `Hypotheses` per line, and may call
-    `on_line(i, hypotheses)` as soon as line i is done (its request is then answered at once, if
-    all its lines are). It runs on one of `workers` (those the model was loaded on; default:
-    `limits.workers` new ones), several at once with several workers; the batcher owns them from
-    then on and shuts them down in `close()`. `start()` and `close()` run on the event loop that
-    serves the requests.
+    `workers` (`nmt.workers.ModelWorkers`, or anything with its `count`, `start`, `call` and
+    `close`) decode: `await workers.call("decode", lines, settings, on_line)` must return one
+    `Hypotheses` per line, and may call `on_line(i, hypotheses)` as soon as line i is done (its
+    request is then answered at once, if all its lines are). The batcher owns the workers and
+    closes them in `close()`. `start()` and `close()` run on the event loop that serves the
+    requests.
     """
 
-    def __init__(
-        self,
-        decode: Callable[[list[str], Decoding, LineDone], list[Hypotheses]],
-        limits: BatchLimits,
-        workers: ModelWorkers | None = None,
-    ) -> None:
-        self.decode, self.limits = decode, limits
-        self.workers = workers or ModelWorkers(max(1, limits.workers))
+    def __init__(self, workers: Any, limits: BatchLimits) -> None:
+        self.workers, self.limits = workers, limits
         self.stats = BatchStats()
         self._queue: asyncio.Queue[_Job | None] | None = None
         self._task: asyncio.Task | None = None
@@ -142,15 +86,16 @@ class Batcher:
         self._peaks: collections.deque[tuple[float, int]] = collections.deque()  # (time, outstanding) rises
 
     def start(self) -> None:
+        self.workers.start()
         self._queue = asyncio.Queue()
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def close(self) -> None:
-        """Finish the queued requests, then stop the worker."""
+        """Finish the queued requests, then close the workers."""
         if self._queue is not None and self._task is not None:
             await self._queue.put(None)
             await self._task
-        self.workers.shutdown()
+        self.workers.close()
 
     async def translate(self, lines: list[str], settings: Decoding) -> list[Hypotheses]:
         if self._queue is None:
@@ -165,9 +110,9 @@ class Batcher:
         finally:
             self._outstanding -= len(lines)
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run other model work (e.g. an attention map) on a model thread."""
-        return await self.workers.run(fn, *args)
+    async def run(self, method: str, *args: Any) -> Any:
+        """Other model work (e.g. `"attention"`) on an idle worker, between batches."""
+        return await self.workers.call(method, *args)
 
     # ----------------------------------------------------------------------- the worker
 
@@ -236,7 +181,9 @@ class Batcher:
         lines = [line for j in jobs for line in j.lines]
         early = _EarlyAnswers(jobs, asyncio.get_running_loop())
         try:
-            results = await self.run(self._decode_counted, lines, jobs[0].settings, early.line_done)
+            results = await self.workers.call("decode", lines, jobs[0].settings, early.line_done)
+            if len(results) != len(lines):
+                raise RuntimeError(f"decode returned {len(results)} results for {len(lines)} lines")
         except Exception as e:
             if len(jobs) == 1:
                 _settle(jobs[0].future, error=e)
@@ -250,12 +197,6 @@ class Batcher:
         for job in jobs:
             _settle(job.future, results[start : start + len(job.lines)])
             start += len(job.lines)
-
-    def _decode_counted(self, lines: list[str], settings: Decoding, on_line: LineDone) -> list[Hypotheses]:
-        results = self.decode(lines, settings, on_line)
-        if len(results) != len(lines):
-            raise RuntimeError(f"decode returned {len(results)} results for {len(lines)} lines")
-        return results
 
 
 class _EarlyAnswers:

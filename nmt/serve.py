@@ -32,9 +32,10 @@ from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr, V
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from nmt.batcher import Batcher, BatchLimits, Decoding, Hypotheses, LineDone, ModelWorkers
+from nmt.batcher import Batcher, BatchLimits, Decoding
 from nmt.errors import NmtError
 from nmt.runlog import curves_to_json, eval_summary, read_curves, read_eval_reports
+from nmt.workers import ModelHost, ModelWorkers
 
 WEB_DIR = Path(__file__).resolve().parent / "web"
 
@@ -117,10 +118,6 @@ def _where(loc: tuple) -> str:
     return ".".join(str(p) for p in loc[:1] + tuple(p for p in loc[1:] if isinstance(p, int))) or "body"
 
 
-def _scored(pairs: list[tuple[str, float]]) -> Hypotheses:
-    return [(t, float(score)) for t, score in pairs] or [("", None)]
-
-
 def body_schema(model: type[BaseModel]) -> dict:
     """OpenAPI entry for a route that reads its JSON body itself (to bound its size)."""
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
@@ -130,57 +127,31 @@ def body_schema(model: type[BaseModel]) -> dict:
 
 
 class Service:
-    """The loaded model with its batcher, defaults and limits; the routes call its methods."""
+    """The model workers with their batcher, defaults and limits; the routes call its methods."""
 
-    def __init__(
-        self,
-        translator: Any,
-        run_dir: Path,
-        limits: ServeLimits,
-        beam: int | None = None,
-        workers: ModelWorkers | None = None,
-    ) -> None:
-        """`workers`: the threads `translator` was loaded on (all model work then stays on them)."""
-        d = translator.config.decode
-        self.translator, self.run_dir, self.limits = translator, Path(run_dir), limits
+    def __init__(self, workers: ModelWorkers, run_dir: Path, limits: ServeLimits, beam: int | None = None) -> None:
+        """`workers`: the loaded model (`nmt.workers`); the service owns them from then on."""
+        self.facts = workers.facts
+        d = self.facts.config.decode
+        self.run_dir, self.limits = Path(run_dir), limits
         self.default = Decoding(beam=beam or d.beam, nbest=1, len_penalty=float(d.len_penalty))
-        self.batcher = Batcher(self.decode, limits.batch, workers)
+        self.batcher = Batcher(workers, limits.batch)
 
     @classmethod
     def load(cls, opts: Any, run_dir: Path, limits: ServeLimits) -> Service:
-        """Load the model of `opts` (`InferenceOptions`) on the model threads that will decode with it.
-
-        Several workers (`limits.batch.workers`, 0 = `auto_workers`) share the cores: PyTorch gets
-        cores // workers intra-op threads (process-wide), see nmt/batcher.py for why, but only
-        after loading, so that `--precision auto` resolves as it does for `nmt translate` (its
-        timed probe depends on the thread count) and the answers equal what that prints."""
-
+        """Load the model of `opts` (`InferenceOptions`) on `limits.batch.workers` workers (0 =
+        `auto_workers`): one in this process, or several in child processes that share the cores
+        (cores // workers intra-op threads each, set after loading so that `--precision auto`
+        resolves as for `nmt translate` and the answers equal what it prints); nmt/workers.py."""
         from nmt.device import available_cores
-        from nmt.translate import Translator
 
         count = limits.batch.workers or auto_workers(opts)
         limits = replace(limits, batch=replace(limits.batch, workers=count))
-        workers = ModelWorkers(count)
-        try:
-            translator = workers.call(Translator.from_options, opts)
-        except BaseException:
-            workers.shutdown()
-            raise
-        if count > 1:
-            workers.set_threads(max(1, available_cores() // count))
-        return cls(translator, run_dir, limits, opts.beam, workers)
-
-    # work on the model threads
-
-    def decode(self, lines: list[str], s: Decoding, on_line: LineDone | None = None) -> list[Hypotheses]:
-        """Exactly `nmt translate`'s path: a beam of 1 without n-best runs greedy search (no score).
-        `on_line(i, hypotheses)` hears of each line the beam search finishes before the batch does."""
-        if s.beam == 1 and s.nbest == 1:
-            texts = self.translator.translate(lines, 1, 1, s.len_penalty)
-            return [[(t, None)] for t in texts]
-        report = (lambda i, pairs: on_line(i, _scored(pairs))) if on_line is not None else None
-        found = self.translator.translate_nbest(lines, s.beam, s.nbest, s.len_penalty, report)
-        return [_scored(pairs) for pairs in found]
+        if count == 1:
+            workers = ModelWorkers.in_process(lambda: ModelHost.load(opts))
+        else:
+            workers = ModelWorkers.in_children(opts, count, max(1, available_cores() // count))
+        return cls(workers, run_dir, limits, opts.beam)
 
     # requests
 
@@ -230,29 +201,27 @@ class Service:
         }
 
     async def attention(self, req: AttentionRequest) -> dict[str, Any]:
-        from nmt.attention_map import attention_map
-
         self.check_lines([req.text] + ([req.translation] if req.translation else []))
         target = req.translation
         if target is None:
             target = (await self.batcher.translate([req.text], self.default))[0][0][0]
         try:
-            amap = await self.batcher.run(attention_map, self.translator, req.text, target, req.layer)
+            amap = await self.batcher.run("attention", req.text, target, req.layer)
         except (NmtError, IndexError) as e:
             raise ApiError(422, str(e)) from None
-        return {**amap.to_dict(), "translation": target, "layer": req.layer}
+        return {**amap, "translation": target, "layer": req.layer}
 
     # descriptions
 
     @property
     def model_name(self) -> str:
-        ckpt = self.translator.checkpoint
+        ckpt = self.facts.checkpoint
         return f"{self.run_dir.resolve().name}/{Path(ckpt).name}" if ckpt else self.run_dir.resolve().name
 
     @property
     def engine_info(self) -> dict[str, str]:
-        t = self.translator
-        return {"engine": t.engine.name, "precision": str(t.precision), "device": str(t.device)}
+        f = self.facts
+        return {"engine": f.engine, "precision": f.precision, "device": f.device}
 
     @property
     def batch_counts(self) -> dict[str, int]:
@@ -263,30 +232,30 @@ class Service:
     def info(self) -> dict[str, Any]:
         from nmt.checkpoint import checkpoint_step
 
-        c, t = self.translator.config, self.translator
+        c, f = self.facts.config, self.facts
         step = None
         with contextlib.suppress(Exception):
-            step = checkpoint_step(Path(t.checkpoint)) if t.checkpoint else None
+            step = checkpoint_step(Path(f.checkpoint)) if f.checkpoint else None
         m = c.model
         model = {k: getattr(m, k) for k in ("d_model", "heads", "encoder_layers", "decoder_layers", "ffn_dim")}
         return {
             "model": self.model_name,
             "run": str(self.run_dir),
-            "checkpoint": str(t.checkpoint) if t.checkpoint else None,
+            "checkpoint": f.checkpoint,
             "step": step,
             "config": {"name": c.name, "corpus": c.data.corpus, **model, "max_positions": m.max_positions},
-            "vocab": {"src": t.src_tok.vocab_size, "tgt": t.tgt_tok.vocab_size},
+            "vocab": {"src": f.src_vocab, "tgt": f.tgt_vocab},
             "decoding": {**asdict(self.default), **self.engine_info},
             "limits": {k: v for k, v in asdict(self.limits).items() if k != "batch"},
-            "batching": {**asdict(self.limits.batch), **self.batch_counts},
-            "attention_maps": t.model is not None,
+            "batching": {**asdict(self.limits.batch), "threads_per_worker": f.threads, **self.batch_counts},
+            "attention_maps": f.attention_maps,
             "eval": [eval_summary(r) for r in read_eval_reports(self.run_dir)],
         }
 
 
 def auto_workers(opts: Any) -> int:
     """`--workers 0` for `opts` (`InferenceOptions`): with the native engine on a CPU one per core,
-    at most 4 (the workers share Python's GIL; measured on 2 cores only); on a GPU 1 (its kernels
+    at most 4 (more workers split the same load into smaller batches; measured on 2 cores only); on a GPU 1 (its kernels
     already use the whole device), and with CTranslate2 1 (it keeps its own threads)."""
     from nmt.device import available_cores, resolve_device
 
@@ -400,10 +369,10 @@ def serve(opts: Any, server: ServeOptions) -> None:
     except BaseException:
         sock.close()
         raise
-    translator = service.translator
+    f = service.facts
     config = uvicorn.Config(create_app(service), log_level=server.log_level, timeout_graceful_shutdown=None)
     print(
-        f"nmt serve: {service.model_name} ({translator.engine.name}, {translator.precision}, {translator.device}, "
+        f"nmt serve: {service.model_name} ({f.engine}, {f.precision}, {f.device}, "
         f"{service.batcher.workers.count} workers) on http://{server.host}:{port}/  (API docs: /docs; Ctrl-C to stop)",
         flush=True,
     )

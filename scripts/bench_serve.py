@@ -10,8 +10,8 @@
    `--max-seconds` have passed. Reported: sentences/s
    (answered / wall time), latency percentiles, errors (non-200 answers or answers that differ
    from the offline translation), and the server's throughput as a share of the ceiling, per
-   wall second and per CPU second (server process CPU time vs this process's during the offline
-   runs: the steadier measure on a machine shared with other work).
+   wall second and per CPU second (the CPU time of the server and its decoding processes vs this
+   process's during the offline runs: the steadier measure on a machine shared with other work).
 
     python scripts/bench_serve.py /work/runs/small
     python scripts/bench_serve.py runs/small --sentences 512 --concurrency 1,8,32 --beam 5
@@ -129,9 +129,22 @@ def model_calls(port: int) -> int:
 
 
 def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux /proc), all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time of a process and its children (Linux /proc): the server and its
+    decoding processes."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # not a process, or one that has just ended
+        parents[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    tree, grown = {pid}, True
+    while grown:  # add children until none is left out
+        more = {child for child, (parent, _) in parents.items() if parent in tree} - tree
+        tree, grown = tree | more, bool(more)
+    return sum(parents[p][1] for p in tree if p in parents) / os.sysconf("SC_CLK_TCK")
 
 
 def machine_busy_seconds() -> tuple[float, float]:

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from nmt.batcher import Batcher, BatchLimits, Decoding
+from nmt.workers import ModelWorkers
 
 
 class FakeModel:
@@ -35,12 +36,27 @@ class FakeModel:
         return [[(line.upper() + "!" * settings.beam, -1.0)] for line in lines]
 
 
+class Host:
+    """A model host (nmt.workers) whose `decode` is a plain function."""
+
+    def __init__(self, decode) -> None:
+        self.decode = decode
+
+    def close(self) -> None:
+        pass
+
+
+def batcher_for(decode, limits: BatchLimits) -> Batcher:
+    """A batcher over `limits.workers` worker threads, all decoding with `decode`."""
+    return Batcher(ModelWorkers([Host(decode) for _ in range(max(1, limits.workers))]), limits)
+
+
 def run(coro):
     return asyncio.run(coro)
 
 
 async def _with_batcher(model, limits, body):
-    batcher = Batcher(model, limits)
+    batcher = batcher_for(model, limits)
     batcher.start()
     try:
         return await body(batcher)
@@ -168,7 +184,7 @@ def test_close_finishes_queued_requests():
     model = FakeModel(delay=0.05)
 
     async def body():
-        b = Batcher(model, BatchLimits(max_wait_ms=0, max_batch=1))
+        b = batcher_for(model, BatchLimits(max_wait_ms=0, max_batch=1))
         b.start()
         jobs = [asyncio.ensure_future(b.translate([f"q{i}"], Decoding(beam=1))) for i in range(4)]
         await asyncio.sleep(0)
@@ -181,7 +197,7 @@ def test_close_finishes_queued_requests():
 
 def test_translate_before_start_is_an_error():
     with pytest.raises(RuntimeError, match="start"):
-        run(Batcher(FakeModel(), BatchLimits()).translate(["x"], Decoding(beam=1)))
+        run(batcher_for(FakeModel(), BatchLimits()).translate(["x"], Decoding(beam=1)))
 
 
 def test_a_decode_that_returns_the_wrong_count_is_an_error_and_the_worker_lives_on():

@@ -12,10 +12,10 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("fastapi", reason="nmt serve needs the serve extra (fastapi, uvicorn)")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -25,8 +25,10 @@ from nmt.batcher import BatchLimits  # noqa: E402
 from nmt.checkpoint import read_metadata  # noqa: E402
 from nmt.config import load_config  # noqa: E402
 from nmt.device import available_cores  # noqa: E402
+from nmt.errors import NmtError  # noqa: E402
 from nmt.serve import ServeLimits, Service, auto_workers, create_app  # noqa: E402
 from nmt.translate import InferenceOptions, Translator  # noqa: E402
+from nmt.workers import ChildHost, ModelHost, ModelWorkers  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,7 +56,7 @@ def translator(run) -> Translator:
 @pytest.fixture(scope="module")
 def client(translator, run):
     limits = ServeLimits(max_sentences=8, max_chars=50, max_body_bytes=4000, max_beam=4, batch=BatchLimits(20, 64))
-    with TestClient(create_app(Service(translator, run, limits))) as c:
+    with TestClient(create_app(Service(ModelWorkers([ModelHost(translator)]), run, limits))) as c:
         yield c
 
 
@@ -183,16 +185,15 @@ def test_unknown_routes_and_methods_are_json_errors(client):
     assert r.status_code == 405 and "error" in r.json()
 
 
-def test_a_model_error_fails_only_its_own_request(client, monkeypatch):
-    service = client.app.state.service
-    original = service.translator.translate_nbest
+def test_a_model_error_fails_only_its_own_request(client, translator, monkeypatch):
+    original = translator.translate_nbest
 
     def fragile(lines, *args, **kwargs):
         if any("坏" in line for line in lines):
             raise RuntimeError("model exploded")
         return original(lines, *args, **kwargs)
 
-    monkeypatch.setattr(service.translator, "translate_nbest", fragile)
+    monkeypatch.setattr(translator, "translate_nbest", fragile)
     bodies = [{"text": "坏"}, {"text": "我们九点见。"}, {"text": ["他喝水。", "你看书。"]}]
     with ThreadPoolExecutor(3) as pool:
         results = list(pool.map(lambda b: post(client, "/translate", b), bodies))
@@ -210,14 +211,16 @@ def test_the_model_loads_and_decodes_on_one_thread_that_is_not_the_event_loops(r
         return load(cls, *args, **kwargs)
 
     monkeypatch.setattr(Translator, "from_options", classmethod(loading))
-    service = Service.load(InferenceOptions(run_dir=run, precision="fp32"), run, ServeLimits())
-    original = service.translator.translate_nbest
+    limits = ServeLimits(batch=BatchLimits(workers=1))
+    service = Service.load(InferenceOptions(run_dir=run, precision="fp32"), run, limits)
+    translator = service.batcher.workers.hosts[0].translator
+    original = translator.translate_nbest
 
     def decoding(*args, **kwargs):
         threads["decode"] = threading.get_ident()
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(service.translator, "translate_nbest", decoding)
+    monkeypatch.setattr(translator, "translate_nbest", decoding)
     with TestClient(create_app(service)) as c:
         assert post(c, "/translate", {"text": SENTENCES[0]})[0] == 200
     assert threads["load"] == threads["decode"] != threading.get_ident()
@@ -228,35 +231,47 @@ def test_auto_workers_one_per_core_for_the_native_engine_on_a_cpu_else_one():
     assert auto_workers(InferenceOptions(device="cpu", engine="ctranslate2")) == 1
 
 
-def test_two_workers_answer_concurrent_requests_as_the_translator_does(run, translator, monkeypatch):
-    import nmt.engines
-
-    resolve, seen = nmt.engines.resolve_inference_precision, []
-
-    def resolving(*args):
-        seen.append(torch.get_num_threads())
-        return resolve(*args)
-
-    monkeypatch.setattr(nmt.engines, "resolve_inference_precision", resolving)
+def test_two_workers_are_child_processes_that_answer_as_the_translator_does(run, translator):
     limits = ServeLimits(batch=BatchLimits(max_wait_ms=20, workers=2))
-    torch.set_num_threads(4)  # the `one_thread` fixture puts the test's setting back afterwards
     service = Service.load(InferenceOptions(run_dir=run, precision="fp32"), run, limits)
-    assert seen == [4]  # 'auto' is resolved with the threads `nmt translate` has, before the workers get theirs
-    threads = max(1, available_cores() // 2)
-    assert service.batcher.workers.count == 2 and torch.get_num_threads() == threads
-    both = threading.Barrier(2)  # two calls at once: one on each worker thread, the loading one included
+    workers = service.batcher.workers
+    try:
+        assert workers.count == 2 and all(isinstance(h, ChildHost) for h in workers.hosts)
+        pids = [h.process.pid for h in workers.hosts]
+        assert len(set(pids)) == 2 and os.getpid() not in pids
+        assert all(h.facts().threads == max(1, available_cores() // 2) for h in workers.hosts)
+        expected = dict(zip(SENTENCES, translator.translate(SENTENCES, beam=3), strict=True))
+        with TestClient(create_app(service)) as c, ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda s: post(c, "/translate", {"text": s, "beam": 3}), SENTENCES * 4))
+            stats = replace(service.batcher.stats)
+            assert post(c, "/attention", {"text": SENTENCES[0]})[0] == 200  # other model work: on a child too
+        assert [a[1]["translations"][0]["text"] for a in answers] == [expected[s] for s in SENTENCES * 4]
+        assert stats.sentences == len(SENTENCES) * 4 and stats.batches > 1  # not everything in one call
+    finally:
+        workers.close()
+    assert not any(h.process.is_alive() for h in workers.hosts)  # closed with the server
 
-    def report() -> int:
-        both.wait(10)
-        return torch.get_num_threads()
 
-    with ThreadPoolExecutor(2) as pool:
-        assert list(pool.map(lambda _: service.batcher.workers.call(report), range(2))) == [threads] * 2
-    expected = dict(zip(SENTENCES, translator.translate(SENTENCES, beam=3), strict=True))
-    with TestClient(create_app(service)) as c, ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda s: post(c, "/translate", {"text": s, "beam": 3}), SENTENCES * 4))
-    assert [a[1]["translations"][0]["text"] for a in answers] == [expected[s] for s in SENTENCES * 4]
-    assert service.batcher.stats.sentences == len(SENTENCES) * 4
+def test_a_child_that_dies_is_replaced_and_its_requests_answered(run, translator):
+    workers = ModelWorkers.in_children(InferenceOptions(run_dir=run, precision="fp32"), 1, 1)
+    service = Service(workers, run, ServeLimits())
+    host = workers.hosts[0]
+    try:
+        first = host.process.pid
+        host.process.kill()
+        host.process.join()
+        with TestClient(create_app(service)) as c:
+            status, body = post(c, "/translate", {"text": SENTENCES[:3], "beam": 2})
+        expected = translator.translate(SENTENCES[:3], beam=2)
+        assert status == 200 and [t["text"] for t in body["translations"]] == expected
+        assert host.process.pid != first and host.process.is_alive() is False  # the new one, closed with the app
+    finally:
+        workers.close()
+
+
+def test_a_child_that_cannot_load_raises_the_loading_error(tmp_path):
+    with pytest.raises(NmtError, match=str(tmp_path / "nothing")):
+        ModelWorkers.in_children(InferenceOptions(run_dir=tmp_path / "nothing", precision="fp32"), 2, 1)
 
 
 # --------------------------------------------------------------------------- a real server process

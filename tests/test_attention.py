@@ -220,3 +220,13 @@ def test_varlen_signature_is_adapted_or_refused(monkeypatch):
 def test_installed_torch_varlen_signature_is_known():
     pytest.importorskip("torch.nn.attention.varlen")
     assert attention.varlen_kernel() is not None
+
+
+@pytest.mark.parametrize("keys", [1, 5, 15, 16, 40])
+def test_softmax_last_equals_torch_softmax_for_short_and_long_rows(keys):
+    x = torch.randn(6, 4, 2, keys) * 4
+    x[0, :, :, keys // 2 :] = torch.finfo(torch.float32).min  # padded keys, as the decoding bias makes them
+    x[1] = torch.finfo(torch.float32).min  # every key padded: uniform, as torch gives it
+    got = attention.softmax_last(x)
+    torch.testing.assert_close(got, x.softmax(dim=-1), rtol=1e-6, atol=1e-7)
+    assert got.shape == x.shape and torch.allclose(got.sum(dim=-1), torch.ones(6, 4, 2))

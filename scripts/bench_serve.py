@@ -2,16 +2,19 @@
 """Load test of `nmt serve` against offline batch decoding of the same sentences, in one run.
 
 1. Offline ceiling: this process loads the run's model with the same settings and translates
-   all sentences in one `Translator.translate` call (length-sorted batches of decode.batch_size),
-   once before and once after the load test; the faster of the two is the ceiling.
+   all sentences in one `Translator.translate` call (length-sorted batches of decode.batch_size).
 2. A real server (`python -m nmt serve --port 0`) on 127.0.0.1, loaded with the same settings.
 3. For each concurrency C: C client threads (each keeps its connection open, HTTP keep-alive),
    one sentence per request, pull the sentences from a shared list until it is used up or
-   `--max-seconds` have passed. Reported: sentences/s
-   (answered / wall time), latency percentiles, errors (non-200 answers or answers that differ
-   from the offline translation), and the server's throughput as a share of the ceiling, per
-   wall second and per CPU second (the CPU time of the server and its decoding processes vs this
-   process's during the offline runs: the steadier measure on a machine shared with other work).
+   `--max-seconds` have passed.
+4. Steps 3 and 1 again, `--rounds` times in all: on a shared machine one round's ratio moves by
+   several points, so each round is compared with the faster offline run next to it (before
+   or after) and the table gives the median round with the range.
+
+Reported per level: sentences/s (answered / wall time), latency percentiles over all rounds,
+errors (non-200 answers or answers that differ from the offline translation), and the server's
+throughput as a share of offline, per wall second and per CPU second (the CPU time of the server
+and its decoding processes vs this process's during the fastest offline run).
 
     python scripts/bench_serve.py /work/runs/small
     python scripts/bench_serve.py runs/small --sentences 512 --concurrency 1,8,32 --beam 5
@@ -54,6 +57,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch-wait-ms", type=float, default=5.0)
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--workers", type=int, default=0, help="the server's --workers (0: its default)")
+    p.add_argument("--rounds", type=int, default=3, help="offline, then every level; repeated, medians reported")
     return p.parse_args()
 
 
@@ -199,6 +203,90 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
+@dataclass
+class Offline:
+    """One offline run of all the sentences (the ceiling)."""
+
+    outputs: list[str]
+    rate: float  # sentences/s
+    cpu_rate: float  # sentences per CPU second
+
+
+def measure_level(
+    port: int, pid: int, sentences: list[str], expected: list[str], clients: int, seconds: float
+) -> Level:
+    """One load level, with the server's CPU time, model calls and the machine's busy share."""
+    cpu, calls, machine = process_cpu_seconds(pid), model_calls(port), machine_busy_seconds()
+    level = load_level(port, sentences, expected, clients, seconds)
+    level.cpu_seconds = process_cpu_seconds(pid) - cpu
+    busy, total = (b - a for a, b in zip(machine, machine_busy_seconds(), strict=True))
+    level.machine_busy = busy / max(total, 1e-9)
+    level.calls = model_calls(port) - calls
+    return level
+
+
+def run_rounds(args: argparse.Namespace, translator: Translator, sentences: list[str]) -> tuple[list, list, str]:
+    """Offline, then every load level, `--rounds` times, and offline once more: the offline runs
+    (rounds + 1), the levels of each round, and the server's batching settings."""
+    offline = [Offline(*offline_run(translator, sentences, args.beam))]
+    args.precision = str(translator.precision)  # 'auto' may resolve otherwise in the server (its threads differ)
+    proc, port = start_server(args)
+    rounds: list[list[Level]] = []
+    try:
+        post(port, "/translate", {"text": sentences[:8]})  # warm-up
+        b = post(port, "/info", None)[1]["batching"]
+        batching = f"{b['workers']} workers, batches <= {b['max_batch']} sentences, wait <= {b['max_wait_ms']:g} ms"
+        for _ in range(args.rounds):
+            levels = [int(c) for c in args.concurrency.split(",")]
+            expected = offline[0].outputs
+            rounds.append([measure_level(port, proc.pid, sentences, expected, c, args.max_seconds) for c in levels])
+            offline.append(Offline(*offline_run(translator, sentences, args.beam)))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    return offline, rounds, batching
+
+
+def row(cells: list) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def print_table(offline: list[Offline], rounds: list[list[Level]], per_call: float) -> None:
+    """Per level: counts summed over the rounds; rates and shares as the median round [lowest-highest],
+    each round against the faster offline run next to it (before or after)."""
+    head = ["clients", "answered", "errors", "sentences/s", "% of offline", "sentences/CPU-s", "% of offline"]
+    print(row(head + ["p50 ms", "p95 ms", "p99 ms", "sentences per model call", "cores busy"]))
+    print("|---:" * (len(head) + 5) + "|")
+    best = max(offline, key=lambda o: o.rate)
+    cells = ["offline batch", len(best.outputs), "–", f"{best.rate:.1f}", "100%", f"{best.cpu_rate:.1f}", "100%"]
+    print(row(cells + ["–", "–", "–", f"{per_call:.1f}", "–"]))
+    for i in range(len(rounds[0])):
+        runs = [(r[i], max(offline[k], offline[k + 1], key=lambda o: o.rate)) for k, r in enumerate(rounds)]
+        rates = [len(lv.latencies) / lv.seconds for lv, _ in runs]
+        shares = [rate / o.rate for rate, (_, o) in zip(rates, runs, strict=True)]
+        per_cpu = [len(lv.latencies) / max(lv.cpu_seconds, 1e-9) for lv, _ in runs]
+        cpu_shares = [c / max(o.cpu_rate for o in offline) for c in per_cpu]
+        latencies = [t for lv, _ in runs for t in lv.latencies]
+        answered, sent = sum(len(lv.latencies) for lv, _ in runs), sum(lv.sent for lv, _ in runs)
+        calls = sum(lv.calls for lv, _ in runs)
+        cells = [runs[0][0].clients, f"{answered}/{sent}", sum(lv.errors for lv, _ in runs)]
+        cells += [
+            f"{statistics.median(rates):.1f}",
+            _spread(shares),
+            f"{statistics.median(per_cpu):.1f}",
+            _spread(cpu_shares),
+        ]
+        cells += [f"{1000 * percentile(latencies, q):.0f}" for q in (50, 95, 99)]
+        cells += [f"{answered / max(calls, 1):.1f}", f"{100 * statistics.mean(lv.machine_busy for lv, _ in runs):.0f}%"]
+        print(row(cells))
+
+
+def _spread(shares: list[float]) -> str:
+    """'71% [66-75%]': the median and the range of shares; the median alone for one round."""
+    median = f"{100 * statistics.median(shares):.0f}%"
+    return median if len(shares) == 1 else f"{median} [{100 * min(shares):.0f}-{100 * max(shares):.0f}%]"
+
+
 def main() -> None:
     args = parse_args()
     lines = read_lines(args.input or args.run / "corpus" / "test.zh")
@@ -206,53 +294,22 @@ def main() -> None:
     sentences = random.Random(args.seed).sample(lines, min(args.sentences, len(lines)))
     translator = Translator.from_options(InferenceOptions(run_dir=args.run, precision=args.precision, beam=args.beam))
     translator.translate(sentences[:8], beam=args.beam)  # warm-up
-    expected, before, cpu_rate = offline_run(translator, sentences, args.beam)
-    beam = args.beam or translator.config.decode.beam
-    settings = f"beam {beam}, {translator.engine.name} {translator.precision} on {translator.device}"
     load = os.getloadavg()[0]
+    offline, rounds, batching = run_rounds(args, translator, sentences)
+    beam = args.beam or translator.config.decode.beam
+    changed = sum(sum(a != b for a, b in zip(offline[0].outputs, o.outputs, strict=True)) for o in offline[1:])
 
-    args.precision = str(translator.precision)  # 'auto' may resolve otherwise in the server (its threads differ)
-    proc, port = start_server(args)
-    try:
-        post(port, "/translate", {"text": sentences[:8]})  # warm-up
-        batching = post(port, "/info", None)[1]["batching"]
-        settings += f"; server: {batching['workers']} workers, batches <= {batching['max_batch']} sentences"
-        settings += f", wait <= {batching['max_wait_ms']:g} ms"
-        levels = []
-        for c in args.concurrency.split(","):
-            cpu, calls, machine = process_cpu_seconds(proc.pid), model_calls(port), machine_busy_seconds()
-            levels.append(load_level(port, sentences, expected, int(c), args.max_seconds))
-            levels[-1].cpu_seconds = process_cpu_seconds(proc.pid) - cpu
-            busy, total = (b - a for a, b in zip(machine, machine_busy_seconds(), strict=True))
-            levels[-1].machine_busy = busy / max(total, 1e-9)
-            levels[-1].calls = model_calls(port) - calls
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-    again, after, cpu_again = offline_run(translator, sentences, args.beam)
-    cpu_rate = max(cpu_rate, cpu_again)
-    offline = max(before, after)  # the ceiling: the faster of the runs before and after the load test
-    changed = sum(a != b for a, b in zip(expected, again, strict=True))
-
+    settings = (
+        f"beam {beam}, {translator.engine.name} {translator.precision} on {translator.device}; server: {batching}"
+    )
     print(f"# nmt serve load test, {time.strftime('%Y-%m-%d')}: {args.run} ({settings})")
     print(f"CPU: {cpu_model()} ({os.cpu_count()} logical cores, load average {load:.1f} at the start)")
-    print(f"{len(sentences)} sentences, one per request; offline {before:.1f} sentences/s before the load test, "
-          f"{after:.1f} after (outputs changed between the two: {changed})")  # fmt: skip
+    print(f"{len(sentences)} sentences, one per request; {args.rounds} rounds; offline runs (sentences/s): "
+          f"{', '.join(f'{o.rate:.1f}' for o in offline)} (outputs that changed between them: {changed})")  # fmt: skip
     print(f"command: python scripts/bench_serve.py {' '.join(sys.argv[1:])}\n")
-    head = ["clients", "answered", "errors", "sentences/s", "% of offline", "sentences/CPU-s", "% of offline"]
-    print("| " + " | ".join(head + ["p50 ms", "p95 ms", "p99 ms", "sentences per model call", "cores busy"]) + " |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     per_call = len(sentences) / len(translator.batches(translator.encode_sources(sentences)))
-    cells = ["offline batch", len(sentences), "–", f"{offline:.1f}", "100%", f"{cpu_rate:.1f}", "100%", "–", "–", "–"]
-    print("| " + " | ".join(str(c) for c in cells) + f" | {per_call:.1f} | – |")
-    for lv in levels:
-        rate, per_cpu = len(lv.latencies) / lv.seconds, len(lv.latencies) / max(lv.cpu_seconds, 1e-9)
-        ms = [1000 * percentile(lv.latencies, q) for q in (50, 95, 99)]
-        cells = [lv.clients, f"{len(lv.latencies)}/{lv.sent}", lv.errors, f"{rate:.1f}", f"{100 * rate / offline:.0f}%"]
-        cells += [f"{per_cpu:.1f}", f"{100 * per_cpu / cpu_rate:.0f}%"] + [f"{m:.0f}" for m in ms]
-        cells += [f"{len(lv.latencies) / max(lv.calls, 1):.1f}", f"{100 * lv.machine_busy:.0f}%"]
-        print("| " + " | ".join(str(c) for c in cells) + " |")
-    lost = sum(lv.sent - len(lv.latencies) + lv.errors for lv in levels)
+    print_table(offline, rounds, per_call)
+    lost = sum(lv.sent - len(lv.latencies) + lv.errors for levels in rounds for lv in levels)
     sys.exit(1 if lost else 0)
 
 

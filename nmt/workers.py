@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import io
 import multiprocessing
 import pickle
 import signal
@@ -132,16 +134,18 @@ class ChildHost:
     """A `ModelHost` loaded in a spawned child process, with the same methods (each blocks until the
     child answers; `decode` passes on the child's early lines to `on_line`)."""
 
-    def __init__(self, opts: Any, threads: int) -> None:
-        """Starts the child; `facts()` waits until it has loaded (and raises what loading raised)."""
-        self.opts, self.threads = opts, threads
+    def __init__(self, opts: Any, threads: int, quiet: bool = False) -> None:
+        """Starts the child; `facts()` waits until it has loaded (and raises what loading raised).
+        `quiet`: the child's loading messages (stderr) are dropped (its siblings' say the same)."""
+        self.opts, self.threads, self.quiet = opts, threads, quiet
         self._facts: ModelFacts | None = None
         self._start()
 
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no copied threads or OpenMP state
         self._conn, child_end = ctx.Pipe()
-        self.process = ctx.Process(target=_child_main, args=(child_end, self.opts, self.threads), daemon=True)
+        args = (child_end, self.opts, self.threads, self.quiet)
+        self.process = ctx.Process(target=_child_main, args=args, daemon=True)
         self.process.start()
         child_end.close()  # the child's end lives on in the child only: its exit is our EOF
         self._ready = False
@@ -193,12 +197,13 @@ class ChildHost:
             self.process.join()
 
 
-def _child_main(conn: Connection, opts: Any, threads: int) -> None:
+def _child_main(conn: Connection, opts: Any, threads: int, quiet: bool) -> None:
     """The child's life: load, report the facts (or the loading error), then answer calls until EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and SIGTERM reach the whole process group:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the server decides when its children stop
     try:
-        host = ModelHost.load(opts, threads)
+        with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
+            host = ModelHost.load(opts, threads)
         conn.send(("ready", host.facts()))
     except BaseException as e:
         conn.send(("error", _portable(e)))
@@ -255,7 +260,7 @@ class ModelWorkers:
         hosts = [first]
         try:
             resolved = replace(opts, precision=first.facts().precision)
-            hosts += [ChildHost(resolved, threads) for _ in range(count - 1)]
+            hosts += [ChildHost(resolved, threads, quiet=True) for _ in range(count - 1)]
             for host in hosts:
                 host.facts()
         except BaseException:

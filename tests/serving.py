@@ -18,10 +18,14 @@ def start_server(run: Path, *args: str) -> tuple[subprocess.Popen, int]:
     """`nmt serve --port 0` in a subprocess; returns it and its port once /health answers."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "nmt", "serve", "--run", str(run), "--port", "0", "--precision", "fp32", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    line = ""
+    proc = subprocess.Popen(  # its own process group, as a terminal's foreground job: see `interrupt`
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
+    line, startup = "", []
     while "http://127.0.0.1:" not in line and proc.poll() is None:  # after the model's loading messages
         line = proc.stdout.readline()
+        startup.append(line)
+    proc.startup = "".join(startup)  # what it printed before it answered
     if "http://127.0.0.1:" not in line:
         proc.kill()
         raise AssertionError(f"server did not start: {line}{proc.stdout.read()}")
@@ -45,6 +49,32 @@ def request(port: int, method: str, path: str, body: dict | None = None, timeout
         return response.status, json.loads(response.read())
     finally:
         conn.close()
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, IndexError):
+                continue  # ended meanwhile
+    return found
+
+
+def alive(pid: int) -> bool:
+    """`pid` exists and is not a zombie."""
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
+    except OSError:
+        return False
+
+
+def interrupt(proc: subprocess.Popen) -> None:
+    """Ctrl-C in a terminal: SIGINT to the server's whole process group, its children included."""
+    os.killpg(proc.pid, signal.SIGINT)
 
 
 def stop(proc: subprocess.Popen) -> str:

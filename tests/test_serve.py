@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("fastapi", reason="nmt serve needs the serve extra (fastapi, uvicorn)")
 from fastapi.testclient import TestClient  # noqa: E402
-from serving import request, start_server, stop  # noqa: E402
+from serving import alive, child_pids, interrupt, request, start_server, stop  # noqa: E402
 
 from nmt.batcher import BatchLimits  # noqa: E402
 from nmt.checkpoint import read_metadata  # noqa: E402
@@ -301,6 +301,32 @@ def test_real_server_survives_disconnects_and_finishes_in_flight_work_on_sigterm
         assert proc.returncode in (0, -signal.SIGTERM), out  # uvicorn re-raises the signal once it is done
         assert slow["answer"][0] == 200 and len(slow["answer"][1]["translations"]) == len(big["text"])
         assert out.index("Shutting down") < out.rindex('"POST /translate HTTP/1.1" 200'), out  # answered after it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_ctrl_c_stops_the_server_and_its_decoding_processes_once_the_requests_are_answered(run, translator):
+    proc, port = start_server(run, "--workers", "2")
+    try:
+        children = child_pids(proc.pid)  # the two decoding processes (and multiprocessing's resource tracker)
+        assert len(children) >= 2
+        answer: dict = {}
+        big = {"text": SENTENCES * 4, "beam": 4}
+        client = threading.Thread(target=lambda: answer.update(r=request(port, "POST", "/translate", big)))
+        client.start()
+        time.sleep(0.3)
+        interrupt(proc)  # reaches the children too: they keep decoding until the server lets them go
+        client.join(timeout=120)
+        out = stop(proc)
+        assert answer["r"][0] == 200, out
+        assert [t["text"] for t in answer["r"][1]["translations"]] == translator.translate(big["text"], beam=4)
+        out = proc.startup + out
+        assert "Traceback" not in out and out.count("loaded ") == 1, out  # one loading message, not one per child
+        deadline = time.monotonic() + 20
+        while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(pid) for pid in children)
     finally:
         if proc.poll() is None:
             proc.kill()

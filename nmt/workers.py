@@ -260,6 +260,7 @@ class ModelWorkers:
         hosts = [first]
         try:
             resolved = replace(opts, precision=first.facts().precision)
+            first.opts = resolved  # a restart loads what the others have, without resolving again
             hosts += [ChildHost(resolved, threads, quiet=True) for _ in range(count - 1)]
             for host in hosts:
                 host.facts()

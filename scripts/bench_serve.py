@@ -4,7 +4,8 @@
 1. Offline ceiling: this process loads the run's model with the same settings and translates
    all sentences in one `Translator.translate` call (length-sorted batches of decode.batch_size).
 2. A real server (`python -m nmt serve --port 0`) on 127.0.0.1, loaded with the same settings.
-3. For each concurrency C: C client threads (each keeps its connection open, HTTP keep-alive),
+3. For each concurrency C: C clients on one asyncio event loop in this process (each keeps its
+   connection open, HTTP keep-alive),
    one sentence per request, pull the sentences from a shared list until it is used up or
    `--max-seconds` have passed.
 4. Steps 3 and 1 again, `--rounds` times in all: on a shared machine one round's ratio moves by
@@ -23,6 +24,7 @@ and its decoding processes vs this process's during the fastest offline run).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import http.client
 import json
 import os
@@ -109,10 +111,9 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
     sys.exit("server never became healthy")
 
 
-def post(port: int, path: str, body: dict | None, conn: http.client.HTTPConnection | None = None) -> tuple[int, dict]:
-    """One request; on `conn` (kept open, HTTP keep-alive, as load generators and clients do) or a new connection."""
-    own = conn is None
-    conn = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+def post(port: int, path: str, body: dict | None) -> tuple[int, dict]:
+    """One request on a new connection (GET without a body): status and JSON answer."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
     try:
         if body is None:
             conn.request("GET", path)
@@ -120,12 +121,8 @@ def post(port: int, path: str, body: dict | None, conn: http.client.HTTPConnecti
             conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
         r = conn.getresponse()
         return r.status, json.loads(r.read())
-    except (OSError, http.client.HTTPException):
-        conn.close()  # reconnects on the next request
-        raise
     finally:
-        if own:
-            conn.close()
+        conn.close()
 
 
 def model_calls(port: int) -> int:
@@ -160,35 +157,45 @@ def machine_busy_seconds() -> tuple[float, float]:
 
 
 def load_level(port: int, sentences: list[str], expected: list[str], clients: int, max_seconds: float) -> Level:
-    level, lock, cursor = Level(clients), threading.Lock(), iter(range(len(sentences)))
+    """`clients` concurrent clients on one asyncio event loop (a light load generator: the clients
+    share the machine with the server), each on its own kept-open connection."""
+    return asyncio.run(_load_level(port, sentences, expected, clients, max_seconds))
+
+
+async def _load_level(port: int, sentences: list[str], expected: list[str], clients: int, max_seconds: float) -> Level:
+    level, cursor = Level(clients), iter(range(len(sentences)))
     deadline = time.perf_counter() + max_seconds
 
-    def client() -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-        while time.perf_counter() < deadline:
-            with lock:
-                i = next(cursor, None)
-                if i is None:
-                    return
+    async def client() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while time.perf_counter() < deadline and (i := next(cursor, None)) is not None:
                 level.sent += 1
-            start = time.perf_counter()
-            try:
-                status, body = post(port, "/translate", {"text": sentences[i]}, conn)
-                ok = status == 200 and body["translations"][0]["text"] == expected[i]
-            except (OSError, ValueError, KeyError, http.client.HTTPException):
-                ok = False
-            with lock:
+                start = time.perf_counter()
+                try:
+                    status, body = await _post(reader, writer, {"text": sentences[i]})
+                    ok = status == 200 and body["translations"][0]["text"] == expected[i]
+                except (OSError, ValueError, KeyError, asyncio.IncompleteReadError):
+                    ok = False
                 level.latencies.append(time.perf_counter() - start)
                 level.errors += not ok
+        finally:
+            writer.close()
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
     start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    await asyncio.gather(*(client() for _ in range(clients)))
     level.seconds = time.perf_counter() - start
     return level
+
+
+async def _post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: dict) -> tuple[int, dict]:
+    """POST /translate on an open HTTP/1.1 connection; the answer's status and JSON body."""
+    data = json.dumps(body).encode()
+    head = "POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    writer.write(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    length = next(int(v) for k, _, v in (h.partition(":") for h in lines[1:]) if k.lower() == "content-length")
+    return int(lines[0].split()[1]), json.loads(await reader.readexactly(length))
 
 
 def offline_run(translator: Translator, sentences: list[str], beam: int | None) -> tuple[list[str], float, float]:

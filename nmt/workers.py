@@ -22,7 +22,8 @@ its (blocking) calls, and gives each call to an idle host.
 
 A child ignores SIGINT and SIGTERM (the server stops it once the requests in flight are
 answered) and exits when its pipe closes, so it never outlives the server. A child that dies
-fails the call it was making; the next call starts a new one.
+is replaced by a new one, which is asked the call again (once: a call that kills two children
+fails).
 """
 
 from __future__ import annotations
@@ -167,11 +168,22 @@ class ChildHost:
         return self._call("attention", (text, target, layer))
 
     def _call(self, method: str, args: tuple, on_line: LineDone | None = None) -> Any:
+        """Send the call and wait for its answer. A child that dies meanwhile (killed, out of memory)
+        is replaced and asked once more; `on_line` may then hear a line twice."""
+        try:
+            return self._ask(method, args, on_line)
+        except WorkerDied:
+            return self._ask(method, args, on_line)  # a second death is the caller's error
+
+    def _ask(self, method: str, args: tuple, on_line: LineDone | None) -> Any:
         if not self.process.is_alive():  # it died during an earlier call: a new one takes its place
             self._conn.close()
             self._start()
         self.facts()
-        self._conn.send((method, args, on_line is not None))
+        try:
+            self._conn.send((method, args, on_line is not None))
+        except OSError:  # the child is gone: its end of the pipe is closed
+            raise self._died() from None
         while True:
             kind, payload = self._receive()
             if kind == "line":
@@ -185,8 +197,11 @@ class ChildHost:
         try:
             return self._conn.recv()
         except (EOFError, OSError):
-            self.process.join(timeout=5)
-            raise WorkerDied(f"the model process {self.process.pid} exited (code {self.process.exitcode})") from None
+            raise self._died() from None
+
+    def _died(self) -> WorkerDied:
+        self.process.join(timeout=5)
+        return WorkerDied(f"the model process {self.process.pid} exited (code {self.process.exitcode})")
 
     def close(self) -> None:
         """Close the pipe (the child then exits) and wait for the child."""

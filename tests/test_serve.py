@@ -21,7 +21,7 @@ pytest.importorskip("fastapi", reason="nmt serve needs the serve extra (fastapi,
 from fastapi.testclient import TestClient  # noqa: E402
 from serving import alive, child_pids, interrupt, request, start_server, stop  # noqa: E402
 
-from nmt.batcher import BatchLimits  # noqa: E402
+from nmt.batcher import BatchLimits, Decoding  # noqa: E402
 from nmt.checkpoint import read_metadata  # noqa: E402
 from nmt.config import load_config  # noqa: E402
 from nmt.device import available_cores  # noqa: E402
@@ -265,6 +265,24 @@ def test_a_child_that_dies_is_replaced_and_its_requests_answered(run, translator
         expected = translator.translate(SENTENCES[:3], beam=2)
         assert status == 200 and [t["text"] for t in body["translations"]] == expected
         assert host.process.pid != first and host.process.is_alive() is False  # the new one, closed with the app
+    finally:
+        workers.close()
+
+
+def test_a_child_that_dies_mid_call_is_replaced_and_asked_again(run, translator):
+    workers = ModelWorkers.in_children(InferenceOptions(run_dir=run, precision="fp32"), 1, 1)
+    host, lines, heard = workers.hosts[0], SENTENCES * 9, []
+    first = host.process.pid
+
+    def on_line(i: int, hypotheses) -> None:  # the first sentence done: the call is in flight
+        heard.append(i)
+        if len(heard) == 1:
+            os.kill(first, signal.SIGKILL)
+
+    try:
+        found = host.decode(lines, Decoding(beam=4), on_line)
+        assert [h[0][0] for h in found] == translator.translate(lines, beam=4)
+        assert host.process.pid != first and sorted(set(heard)) == list(range(len(lines)))
     finally:
         workers.close()
 

@@ -301,7 +301,10 @@ def serve(
     batch_wait_ms: Annotated[float, typer.Option("--batch-wait-ms", min=0, help="Wait for company.")] = 5.0,
     max_batch: Annotated[int, typer.Option("--max-batch", min=1, help="Sentences per model call.")] = 64,
     workers: Annotated[
-        int, typer.Option("--workers", min=0, help="Batches decoded at once, one process each (0: one per core, <= 4).")
+        int,
+        typer.Option(
+            "--workers", min=0, help="Batches decoded at once; several run in child processes (0: one per core, <= 4)."
+        ),
     ] = 0,
     log_level: Annotated[LogLevel, typer.Option("--log-level", help="warning: no line per request.")] = LogLevel.info,
 ) -> None:

@@ -23,7 +23,8 @@ its (blocking) calls, and gives each call to an idle host.
 A child ignores SIGINT and SIGTERM (the server stops it once the requests in flight are
 answered) and exits when its pipe closes, so it never outlives the server. A child that dies
 is replaced by a new one, which is asked the call again (once: a call that kills two children
-fails).
+fails). Children are spawned (a fresh interpreter, not a fork of a process with threads), so a
+script of one's own that starts them needs Python's `if __name__ == "__main__":` guard.
 """
 
 from __future__ import annotations

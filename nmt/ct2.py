@@ -264,12 +264,13 @@ class CTranslate2Engine:
         manifest = json.loads((Path(model_dir) / MANIFEST).read_text(encoding="utf-8"))
         self.model_dir, self.decode, self.device = Path(model_dir), decode, torch.device(device)
         self.max_positions = int(manifest["config"]["model"]["max_positions"])
+        self.threads = torch.get_num_threads() if self.device.type == "cpu" else 0  # CTranslate2's, fixed at load
         self.translator = ctranslate2.Translator(
             str(model_dir),
             device=self.device.type,
             device_index=self.device.index or 0,
             compute_type=compute_type(self.device, precision),
-            intra_threads=torch.get_num_threads() if self.device.type == "cpu" else 0,
+            intra_threads=self.threads,
         )
         used = self.translator.compute_type
         self.precision = _NMT_NAMES.get(used, "int8" if used.startswith("int8") else used)

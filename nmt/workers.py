@@ -72,7 +72,8 @@ class ModelHost:
     def __init__(self, translator: Any) -> None:
         import torch
 
-        self.translator, self.threads = translator, torch.get_num_threads()
+        self.translator = translator
+        self.threads = getattr(translator.engine, "threads", 0) or torch.get_num_threads()  # CTranslate2 keeps its own
 
     @classmethod
     def load(cls, opts: Any, threads: int = 0) -> ModelHost:
@@ -82,6 +83,8 @@ class ModelHost:
 
         from nmt.translate import Translator
 
+        if threads > 0 and opts.engine != "native":
+            torch.set_num_threads(threads)  # CTranslate2 takes its thread count when it loads (and has no probe)
         translator = Translator.from_options(opts)
         if threads > 0:
             torch.set_num_threads(threads)

@@ -287,6 +287,18 @@ def test_a_child_that_dies_mid_call_is_replaced_and_asked_again(run, translator)
         workers.close()
 
 
+def test_ctranslate2_children_load_with_their_share_of_the_threads(run, monkeypatch):
+    pytest.importorskip("ctranslate2")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # what a child starts with; CTranslate2 must not keep it
+    workers = ModelWorkers.in_children(InferenceOptions(run_dir=run, engine="ctranslate2"), 2, 1)
+    try:
+        assert [(h.facts().engine, h.facts().threads) for h in workers.hosts] == [("ctranslate2", 1)] * 2
+        found = workers.hosts[1].decode(SENTENCES[:2], Decoding(beam=2))
+        assert len(found) == 2 and all(hyps[0][0] for hyps in found)
+    finally:
+        workers.close()
+
+
 def test_a_child_that_cannot_load_raises_the_loading_error(tmp_path):
     with pytest.raises(NmtError, match=str(tmp_path / "nothing")):
         ModelWorkers.in_children(InferenceOptions(run_dir=tmp_path / "nothing", precision="fp32"), 2, 1)

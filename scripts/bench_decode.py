@@ -30,7 +30,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import nmt.device  # noqa: E402
 from nmt.checkpoint import find_inference_checkpoint  # noqa: E402
 from nmt.device import cpu_model  # noqa: E402
 from nmt.evaluate import read_lines, score  # noqa: E402
@@ -53,9 +52,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--export-dir", type=Path, default=None, help="CTranslate2 export (default: the run's cache)")
     p.add_argument("--ct2-engine", action="store_true", help="time nmt's CTranslate2 engine, not whole batches")
-    p.add_argument(
-        "--glibc-default", action="store_true", help="leave malloc as glibc sets it (no keep_freed_memory): its worth"
-    )
     return p.parse_args()
 
 
@@ -123,8 +119,6 @@ def measure(tr: Translator, src: list[str], batch: int, beam: int) -> tuple[floa
 
 def main() -> None:
     args = parse_args()
-    if args.glibc_default:
-        nmt.device.keep_freed_memory = lambda: False  # before any model is loaded: the setting is process-wide
     torch.set_num_threads(args.threads)
     args.checkpoint = args.checkpoint or find_inference_checkpoint(args.run)
     src, ref = subset(args.run, args.sentences, args.seed)
@@ -140,8 +134,7 @@ def main() -> None:
         f"| subset={len(src)} (batch 1: {min(len(src), args.batch1_sentences)}) seed={args.seed} "
         f"| threads={torch.get_num_threads()} | CPU: {cpu_model()} | torch {torch.__version__}, "
         f"ctranslate2 {ct2_version} | best of {args.repeats} interleaved | "
-        f"CTranslate2 baseline: {'nmt engine' if args.ct2_engine else 'whole batches'} | "
-        f"malloc: {'glibc default' if args.glibc_default else 'keep_freed_memory'}"
+        f"CTranslate2 baseline: {'nmt engine' if args.ct2_engine else 'whole batches'}"
     )
     for row, tr in rows.items():
         if isinstance(tr, str):

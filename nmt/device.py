@@ -16,8 +16,6 @@ per row, so that outputs do not depend on the batch; CPU), the tied output proje
 ``auto`` for decoding is the precision whose timed probe — the model's own FFN shape, fp32 vs
 bf16 vs int8 — runs fastest on this machine.
 
-Decoding on a CPU also asks glibc's malloc to keep freed memory (`keep_freed_memory`).
-
 Measurements ("probes") are cached per process and on disk (``$NMT_CACHE_DIR`` or
 ``~/.cache/nmt/probes.json``), keyed by CPU model, torch version, threads and shape, so that a
 choice is stable across processes on one machine (a resumed training picks the same kernels).
@@ -26,7 +24,6 @@ choice is stable across processes on one machine (a resumed training picks the s
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import json
 import os
@@ -189,10 +186,7 @@ def _copy(module: torch.nn.Module) -> torch.nn.Module:
 def inference_model(model: torch.nn.Module, device: torch.device, precision: str) -> torch.nn.Module:
     """`model` on `device` in eval mode, converted for decoding in the resolved `precision`:
     bf16/fp16 weights cast once, int8 linear layers (`quantize_int8`); on a CPU, fp32 and
-    bf16 linear layers get weights pre-packed for oneDNN (`pack_linears`), and freed memory stays
-    in the process (`keep_freed_memory`)."""
-    if device.type == "cpu":
-        keep_freed_memory()
+    bf16 linear layers get weights pre-packed for oneDNN (`pack_linears`)."""
     model = model.to(device).eval()
     if not isinstance(model, torch.nn.Module):  # a duck-typed decoding model (tests): used as it is
         return model
@@ -203,28 +197,6 @@ def inference_model(model: torch.nn.Module, device: torch.device, precision: str
     if device.type == "cpu" and precision in ("fp32", "bf16"):
         return pack_linears(model)
     return model
-
-
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (glibc's <malloc.h>)
-
-
-@functools.cache
-def keep_freed_memory() -> bool:
-    """Ask glibc's malloc, once per process, to serve blocks of up to 32 MiB (the most it allows
-    on 64-bit systems) from its heap and to give freed memory back to the kernel only beyond
-    1 GiB. A decoding step allocates and frees tensors of several megabytes; by default glibc
-    maps each afresh and the process pays every page again in faults: length-sorted batches of
-    64 took 150,000-165,000 minor faults per 512 sentences (about 600 MB) and afterwards
-    300-33,000, decoding 6-10% faster in fp32 and 13-18% in int8 on a 2-core AMD EPYC
-    (docs/BENCHMARKS.md). True when glibc took both settings; False elsewhere (macOS, musl)."""
-    if platform.system() != "Linux":
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # the process's own C library
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(M_TRIM_THRESHOLD, 1 << 30))
 
 
 class PackedLinear(torch.nn.Module):

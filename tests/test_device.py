@@ -1,11 +1,6 @@
 from __future__ import annotations
 
 import copy
-import os
-import platform
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -195,32 +190,3 @@ def test_packing_fuses_relu_into_fc1_with_identical_outputs(activation):
         unfused = {"relu": torch.nn.functional.relu, "gelu": torch.nn.functional.gelu}[activation]
         assert (fused.act is unfused) == (activation == "gelu")  # ReLU left the Python path
         torch.testing.assert_close(fused(x), plain, atol=0, rtol=0)
-
-
-RSS_AFTER_FREE = """
-import os, sys, torch
-from nmt.device import keep_freed_memory
-def rss():
-    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-kept = keep_freed_memory() if sys.argv[1] == "keep" else None
-before = rss()
-x = torch.ones(16 << 18)  # 16 MiB, written
-del x
-print(kept, (rss() - before) >> 20)
-"""
-
-
-@pytest.mark.skipif(platform.system() != "Linux", reason="glibc's malloc: Linux only")
-def test_keep_freed_memory_keeps_a_freed_16_mib_block_in_the_process():
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-
-    def retained(mode: str) -> tuple[str, int]:
-        out = subprocess.run([sys.executable, "-c", RSS_AFTER_FREE, mode], env=env, capture_output=True, text=True)
-        kept, mib = out.stdout.split()
-        return kept, int(mib)
-
-    kept, mib = retained("keep")
-    if kept == "False":
-        pytest.skip("this C library has no mallopt (not glibc)")
-    assert kept == "True" and mib >= 15  # freed, and still the process's: no new pages next time
-    assert retained("default")[1] <= 2  # glibc's default hands a fresh block back to the kernel

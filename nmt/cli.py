@@ -55,6 +55,7 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cu
 PrecisionOpt = Annotated[
     str, typer.Option("--precision", help="auto | fp32 | bf16 | int8 (native engine; auto = fastest measured here)")
 ]
+EngineOpt = Annotated[str, typer.Option("--engine", help="native | ctranslate2 (needs nmt[ctranslate2])")]
 
 
 class LogLevel(str, enum.Enum):
@@ -66,8 +67,6 @@ class LogLevel(str, enum.Enum):
     info = "info"
     debug = "debug"
 
-
-EngineOpt = Annotated[str, typer.Option("--engine", help="native | ctranslate2 (needs nmt[ctranslate2])")]
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -255,8 +255,9 @@ class Service:
 
 def auto_workers(opts: Any) -> int:
     """`--workers 0` for `opts` (`InferenceOptions`): with the native engine on a CPU one per core,
-    at most 4 (more workers split the same load into smaller batches; measured on 2 cores only); on a GPU 1 (its kernels
-    already use the whole device), and with CTranslate2 1 (it keeps its own threads)."""
+    at most 4 (more workers split the same load into smaller batches; measured on 2 cores only);
+    on a GPU 1 (its kernels already use the whole device), and with CTranslate2 1 (it keeps its
+    own threads)."""
     from nmt.device import available_cores, resolve_device
 
     if opts.engine != "native" or resolve_device(opts.device).type == "cuda":

@@ -1,20 +1,17 @@
 """Dynamic batching for the server: concurrent requests are decoded together, on several workers.
 
 Each request (one or more sentences and its decoding settings) is queued with a future. One
-asyncio task waits until one of the model `workers` can take work (an idle one, or one still
-decoding at most `join_at` sentences), takes the first waiting request, gathers more for at
-most `max_wait_ms` (or until its share of the load is waiting), groups them by decoding
-settings and gives each group's sentences to the least loaded worker in one call (`Translator`
-then sorts them by length into its own batches). A worker decodes the calls it holds together,
-step by step (nmt/joint.py), so a batch given to a busy worker starts at its next decoding step
-rather than after the slowest sentence of the batch before. While the workers are busy, new
-requests queue up and form the next batch, so under load batches fill without any waiting.
-Results go back to each request in its input order, each as soon as its own sentences are
-done. A call that raises is made again one request at a time, so a request that makes the model
-fail fails alone. Requests whose caller has gone (cancelled future) are skipped.
+asyncio task waits until one of the model `workers` is free, takes the first waiting
+request, gathers more for at most `max_wait_ms` (or until `max_batch` sentences are waiting),
+groups them by decoding settings and hands each group's sentences to `decode` in one call on
+that worker (`Translator` then sorts them by length into its own batches). While the workers
+are busy, new requests queue up and form the next batch, so under load batches fill without
+any waiting. Results go back to each request in its input order. A group that raises is
+decoded again one request at a time, so a request that makes the model fail fails alone.
+Requests whose caller has gone (cancelled future) are skipped.
 
-The model work runs on `nmt.workers.ModelWorkers` (model hosts in this process or in child
-processes; see there); the batcher decides what each of them decodes, when.
+The model work runs on `nmt.workers.ModelWorkers` (threads driving the model, in this process
+or in child processes; see there); the batcher decides what each of them decodes, when.
 """
 
 from __future__ import annotations
@@ -46,7 +43,6 @@ class BatchLimits:
     max_wait_ms: float = 5.0  # how long the first request of a batch waits for company
     max_batch: int = 64  # sentences gathered into one model call (a larger request is decoded whole)
     workers: int = 1  # model workers decoding batches at once (0 = `nmt.serve.auto_workers`)
-    join_at: int = 8  # a worker decoding at most this many sentences takes the next batch (0: idle workers only)
 
 
 @dataclass
@@ -73,12 +69,12 @@ class _Job:
 class Batcher:
     """`await batcher.translate(lines, settings)` → one `Hypotheses` per line, in order.
 
-    `workers` (`nmt.workers.ModelWorkers`, or anything with its `count`, `start`, `ready`,
-    `submit`, `call` and `close`) decode: `await workers.submit("decode", lines, settings,
-    on_line)` must return one `Hypotheses` per line, and may call `on_line(i, hypotheses)` as soon
-    as line i is done (its request is then answered at once, if all its lines are). The batcher
-    owns the workers and closes them in `close()`. `start()` and `close()` run on the event loop
-    that serves the requests.
+    `workers` (`nmt.workers.ModelWorkers`, or anything with its `count`, `start`, `call` and
+    `close`) decode: `await workers.call("decode", lines, settings, on_line)` must return one
+    `Hypotheses` per line, and may call `on_line(i, hypotheses)` as soon as line i is done (its
+    request is then answered at once, if all its lines are). The batcher owns the workers and
+    closes them in `close()`. `start()` and `close()` run on the event loop that serves the
+    requests.
     """
 
     def __init__(self, workers: Any, limits: BatchLimits) -> None:
@@ -115,56 +111,37 @@ class Batcher:
             self._outstanding -= len(lines)
 
     async def run(self, method: str, *args: Any) -> Any:
-        """Other model work (e.g. `"attention"`) on the least loaded worker, between two decoding steps."""
+        """Other model work (e.g. `"attention"`) on an idle worker, between batches."""
         return await self.workers.call(method, *args)
 
     # ----------------------------------------------------------------------- the worker
 
     async def _loop(self) -> None:
         assert self._queue is not None
+        free = asyncio.Semaphore(self.workers.count)
         running: set[asyncio.Task] = set()
         stopping = False
         while not stopping:
-            await self.workers.ready(self.limits.join_at)  # a worker can take more: what waits forms its batch
+            await free.acquire()  # a worker is free: what is waiting now forms its batch
             first = await self._queue.get()
             if first is None:
                 break
             jobs, stopping = await self._gather(first)
-            live = sorted((j for j in jobs if not j.future.done()), key=lambda j: repr(j.settings))  # callers left
-            for _, group in itertools.groupby(live, key=lambda j: j.settings):
-                members = list(group)
-                task = asyncio.create_task(self._answer(members, self._submit(members)))
-                running.add(task)
-                task.add_done_callback(running.discard)
+            task = asyncio.create_task(self._decode_batch(jobs))
+            running.add(task)
+            task.add_done_callback(lambda t: (running.discard(t), free.release()))
         await asyncio.gather(*running)
 
-    def _submit(self, jobs: list[_Job]) -> asyncio.Future:
-        """One model call for the lines of `jobs` (equal settings), given to a worker now."""
-        lines = [line for j in jobs for line in j.lines]
-        early = _EarlyAnswers(jobs, asyncio.get_running_loop())
-        return self.workers.submit("decode", lines, jobs[0].settings, early.line_done)
-
-    async def _answer(self, jobs: list[_Job], call: asyncio.Future) -> None:
-        """Answer `jobs` from their model call. A call that fails is made again one request at a
-        time, so a request that makes the model fail fails alone."""
-        count = sum(len(j.lines) for j in jobs)
-        try:
-            results = await call
-            if len(results) != count:
-                raise RuntimeError(f"decode returned {len(results)} results for {count} lines")
-        except Exception as e:  # never let the batcher die: every waiting request must get an answer
-            if len(jobs) == 1:
-                _settle(jobs[0].future, error=e)
-                return
-            for job in jobs:  # find the culprit: everyone else still gets an answer
-                if not job.future.done():  # (not answered early)
-                    await self._answer([job], self._submit([job]))
-            return
-        self.stats.add(count)
-        start = 0
-        for job in jobs:
-            _settle(job.future, results[start : start + len(job.lines)])
-            start += len(job.lines)
+    async def _decode_batch(self, jobs: list[_Job]) -> None:
+        jobs = [j for j in jobs if not j.future.done()]  # callers that gave up
+        jobs.sort(key=lambda j: repr(j.settings))
+        for _, group in itertools.groupby(jobs, key=lambda j: j.settings):
+            members = list(group)
+            try:
+                await self._decode_group(members)
+            except Exception as e:  # never let the worker die: every waiting request must get an answer
+                for job in members:
+                    _settle(job.future, error=e)
 
     def _share(self) -> int:
         """Sentences a free worker gathers: an even share (over the workers) of the most sentences
@@ -199,6 +176,27 @@ class Batcher:
             jobs.append(job)
             count += len(job.lines)
         return jobs, False
+
+    async def _decode_group(self, jobs: list[_Job]) -> None:
+        lines = [line for j in jobs for line in j.lines]
+        early = _EarlyAnswers(jobs, asyncio.get_running_loop())
+        try:
+            results = await self.workers.call("decode", lines, jobs[0].settings, early.line_done)
+            if len(results) != len(lines):
+                raise RuntimeError(f"decode returned {len(results)} results for {len(lines)} lines")
+        except Exception as e:
+            if len(jobs) == 1:
+                _settle(jobs[0].future, error=e)
+                return
+            for job in jobs:  # find the culprit: everyone else still gets an answer
+                if not job.future.done():  # (not answered early)
+                    await self._decode_group([job])
+            return
+        self.stats.add(len(lines))
+        start = 0
+        for job in jobs:
+            _settle(job.future, results[start : start + len(job.lines)])
+            start += len(job.lines)
 
 
 class _EarlyAnswers:

@@ -133,8 +133,6 @@ class Service:
         """`workers`: the loaded model (`nmt.workers`); the service owns them from then on."""
         self.facts = workers.facts
         d = self.facts.config.decode
-        if self.facts.engine != "native":  # only nmt's own search shares its steps with a batch that joins
-            limits = replace(limits, batch=replace(limits.batch, join_at=0))
         self.run_dir, self.limits = Path(run_dir), limits
         self.default = Decoding(beam=beam or d.beam, nbest=1, len_penalty=float(d.len_penalty))
         self.batcher = Batcher(workers, limits.batch)

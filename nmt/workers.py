@@ -1,41 +1,275 @@
-"""The model workers of a server: its model hosts (nmt/hosts.py) and which of them takes a call.
+"""Where a server's model runs: model hosts, each driven by its own thread, in this process or a child.
 
-`ModelWorkers` keeps `count` hosts: one `LocalHost` in this process (`in_process`), or several
-`ChildHost`s (`in_children`), each decoding with cores // count intra-op threads, for the
-reasons given in nmt/hosts.py. For each host it counts the lines given to it and not answered
-yet, its *load*; a call goes to the host with the least load. A host decodes the calls it is
-given together (`nmt.joint`), so the batcher (nmt/batcher.py) may hand a busy host more work
-once its load has fallen low enough (`ready`): the sentences of a new batch then start at the
-next decoding step instead of waiting for the slowest sentence of the running one.
+A `ModelHost` holds one loaded `Translator` and does what the server asks of the model: decode
+a group of lines (`decode`), draw a cross-attention map (`attention`), describe the model
+(`facts`). `ModelWorkers` keeps `count` hosts, each with one thread of this process that makes
+its (blocking) calls, and gives each call to an idle host.
+
+- One worker (`ModelWorkers.in_process`): the host lives in this process and is loaded on its
+  thread, so all model work runs on one thread. PyTorch's CPU ops run on an OpenMP team that
+  belongs to the calling thread: a model loaded on one thread and used on another brought a
+  second team onto the cores, and each small op of a decoding step then paid a wake-up (beam
+  search in groups of 19: 65-76 sentences/s against 107-127 on the loading thread, 2-core AMD
+  EPYC, docs/BENCHMARKS.md "Serving under load").
+- Several workers (`ModelWorkers.in_children`): each host lives in a child process (`ChildHost`
+  is its proxy here, with the same methods) and decodes with cores // workers intra-op threads.
+  Processes rather than threads because PyTorch holds Python's GIL between its ops, so model
+  threads in one process wait for each other and for the HTTP event loop: two 1-thread workers
+  decoding random groups of 16 managed 160 sentences/s as threads of one process and 175 as two
+  processes (same CPU). The batches of a server are small and unsorted, and a step of a small
+  batch is mostly fixed cost that a second intra-op thread does not share, so two 1-thread
+  workers beat one 2-thread worker (150-170 against 128-132 sentences/s for random groups of 32).
+
+A child ignores SIGINT and SIGTERM (the server stops it once the requests in flight are
+answered) and exits when its pipe closes, so it never outlives the server. A child that dies
+is replaced by a new one, which is asked the call again (once: a call that kills two children
+fails). Children are spawned (a fresh interpreter, not a fork of a process with threads), so a
+script of one's own that starts them needs Python's `if __name__ == "__main__":` guard.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
+import io
+import multiprocessing
+import pickle
+import signal
 from collections.abc import Callable
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from typing import Any, Protocol
 
-from nmt.hosts import ChildHost, LocalHost, ModelFacts, ModelHost
+from nmt.batcher import Decoding, Hypotheses, LineDone
 
-__all__ = ["ChildHost", "LocalHost", "ModelFacts", "ModelHost", "ModelWorkers"]
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the server says about its model (the host's translator, in plain values)."""
+
+    config: Any  # nmt.config.Config
+    checkpoint: str | None
+    engine: str
+    precision: str
+    device: str
+    src_vocab: int
+    tgt_vocab: int
+    attention_maps: bool  # the native engine: its attention weights can be read
+    threads: int  # PyTorch intra-op threads the host decodes with
+
+
+class Host(Protocol):
+    def facts(self) -> ModelFacts: ...
+    def decode(self, lines: list[str], settings: Decoding, on_line: LineDone | None = None) -> list[Hypotheses]: ...
+    def attention(self, text: str, target: str, layer: int | None) -> dict[str, Any]: ...
+    def close(self) -> None: ...
+
+
+class ModelHost:
+    """A loaded `Translator` (nmt.translate) and the model work of a server, run where it lives."""
+
+    def __init__(self, translator: Any) -> None:
+        import torch
+
+        self.translator = translator
+        self.threads = getattr(translator.engine, "threads", 0) or torch.get_num_threads()  # CTranslate2 keeps its own
+
+    @classmethod
+    def load(cls, opts: Any, threads: int = 0) -> ModelHost:
+        """Load `opts` (`InferenceOptions`); then `threads` intra-op threads if > 0 (after loading, so
+        that `--precision auto` resolves with the threads `nmt translate` has, and answers alike)."""
+        import torch
+
+        from nmt.translate import Translator
+
+        if threads > 0 and opts.engine != "native":
+            torch.set_num_threads(threads)  # CTranslate2 takes its thread count when it loads (and has no probe)
+        translator = Translator.from_options(opts)
+        if threads > 0:
+            torch.set_num_threads(threads)
+        return cls(translator)
+
+    def facts(self) -> ModelFacts:
+        t = self.translator
+        return ModelFacts(
+            config=t.config,
+            checkpoint=str(t.checkpoint) if t.checkpoint else None,
+            engine=t.engine.name,
+            precision=str(t.precision),
+            device=str(t.device),
+            src_vocab=t.src_tok.vocab_size,
+            tgt_vocab=t.tgt_tok.vocab_size,
+            attention_maps=t.model is not None,
+            threads=self.threads,
+        )
+
+    def decode(self, lines: list[str], s: Decoding, on_line: LineDone | None = None) -> list[Hypotheses]:
+        """Exactly `nmt translate`'s path: a beam of 1 without n-best runs greedy search (no score).
+        `on_line(i, hypotheses)` hears of each line the beam search finishes before the group does."""
+        if s.beam == 1 and s.nbest == 1:
+            texts = self.translator.translate(lines, 1, 1, s.len_penalty)
+            return [[(t, None)] for t in texts]
+        report = (lambda i, pairs: on_line(i, _scored(pairs))) if on_line is not None else None
+        found = self.translator.translate_nbest(lines, s.beam, s.nbest, s.len_penalty, report)
+        return [_scored(pairs) for pairs in found]
+
+    def attention(self, text: str, target: str, layer: int | None) -> dict[str, Any]:
+        """`nmt.attention_map.attention_map` as JSON-ready values."""
+        from nmt.attention_map import attention_map
+
+        return attention_map(self.translator, text, target, layer).to_dict()
+
+    def close(self) -> None:
+        pass
+
+
+def _scored(pairs: list[tuple[str, float]]) -> Hypotheses:
+    return [(t, float(score)) for t, score in pairs] or [("", None)]
+
+
+# --------------------------------------------------------------------------- a host in a child process
+
+
+class WorkerDied(RuntimeError):
+    """The child process of a host ended while it was asked something."""
+
+
+class ChildHost:
+    """A `ModelHost` loaded in a spawned child process, with the same methods (each blocks until the
+    child answers; `decode` passes on the child's early lines to `on_line`)."""
+
+    def __init__(self, opts: Any, threads: int, quiet: bool = False) -> None:
+        """Starts the child; `facts()` waits until it has loaded (and raises what loading raised).
+        `quiet`: the child's loading messages (stderr) are dropped (its siblings' say the same)."""
+        self.opts, self.threads, self.quiet = opts, threads, quiet
+        self._facts: ModelFacts | None = None
+        self._start()
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no copied threads or OpenMP state
+        self._conn, child_end = ctx.Pipe()
+        args = (child_end, self.opts, self.threads, self.quiet)
+        self.process = ctx.Process(target=_child_main, args=args, daemon=True)
+        self.process.start()
+        child_end.close()  # the child's end lives on in the child only: its exit is our EOF
+        self._ready = False
+
+    def facts(self) -> ModelFacts:
+        if not self._ready:
+            kind, payload = self._receive()
+            if kind != "ready":
+                self.close()
+                raise payload
+            self._facts, self._ready = payload, True
+        assert self._facts is not None
+        return self._facts
+
+    def decode(self, lines: list[str], settings: Decoding, on_line: LineDone | None = None) -> list[Hypotheses]:
+        return self._call("decode", (lines, settings), on_line)
+
+    def attention(self, text: str, target: str, layer: int | None) -> dict[str, Any]:
+        return self._call("attention", (text, target, layer))
+
+    def _call(self, method: str, args: tuple, on_line: LineDone | None = None) -> Any:
+        """Send the call and wait for its answer. A child that dies meanwhile (killed, out of memory)
+        is replaced and asked once more; `on_line` may then hear a line twice."""
+        try:
+            return self._ask(method, args, on_line)
+        except WorkerDied:
+            return self._ask(method, args, on_line)  # a second death is the caller's error
+
+    def _ask(self, method: str, args: tuple, on_line: LineDone | None) -> Any:
+        if not self.process.is_alive():  # it died during an earlier call: a new one takes its place
+            self._conn.close()
+            self._start()
+        self.facts()
+        try:
+            self._conn.send((method, args, on_line is not None))
+        except OSError:  # the child is gone: its end of the pipe is closed
+            raise self._died() from None
+        while True:
+            kind, payload = self._receive()
+            if kind == "line":
+                on_line(*payload)  # type: ignore[misc]
+            elif kind == "done":
+                return payload
+            else:
+                raise payload
+
+    def _receive(self) -> tuple[str, Any]:
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError):
+            raise self._died() from None
+
+    def _died(self) -> WorkerDied:
+        self.process.join(timeout=5)
+        return WorkerDied(f"the model process {self.process.pid} exited (code {self.process.exitcode})")
+
+    def close(self) -> None:
+        """Close the pipe (the child then exits) and wait for the child."""
+        self._conn.close()
+        self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+
+def _child_main(conn: Connection, opts: Any, threads: int, quiet: bool) -> None:
+    """The child's life: load, report the facts (or the loading error), then answer calls until EOF."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and SIGTERM reach the whole process group:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the server decides when its children stop
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
+            host = ModelHost.load(opts, threads)
+        conn.send(("ready", host.facts()))
+    except BaseException as e:
+        conn.send(("error", _portable(e)))
+        return
+    while True:
+        try:
+            method, args, streaming = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            early = {"on_line": lambda i, hyps: conn.send(("line", (i, hyps)))} if streaming else {}
+            conn.send(("done", getattr(host, method)(*args, **early)))
+        except Exception as e:
+            conn.send(("error", _portable(e)))
+
+
+def _portable(e: BaseException) -> BaseException:
+    """`e` if it survives pickling (NmtError does), else a RuntimeError with its text."""
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:
+        return RuntimeError(f"{type(e).__name__}: {e}")
+
+
+# --------------------------------------------------------------------------- the workers
 
 
 class ModelWorkers:
-    """`count` hosts (anything with `submit(method, args, on_line)` returning a concurrent future,
-    `facts()` and `close()`); `await call(method, ...)` runs on the least loaded one."""
+    """`count` hosts, each driven by its own thread; `await call(method, ...)` runs on an idle one."""
 
-    def __init__(self, hosts: list[Any]) -> None:
+    def __init__(self, hosts: list[Host], pools: list[concurrent.futures.ThreadPoolExecutor] | None = None) -> None:
         self.hosts = hosts
+        self.pools = pools or [_one_thread(i) for i in range(len(hosts))]
         self.count = len(hosts)
-        self.load = [0] * self.count  # per host: lines given and not answered (1 for a call of another kind)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._eased: asyncio.Event | None = None  # set when some load falls
+        self._idle: asyncio.Queue[int] | None = None
 
     @classmethod
-    def in_process(cls, load: Callable[[], ModelHost]) -> ModelWorkers:
+    def in_process(cls, load: Callable[[], Host]) -> ModelWorkers:
         """One host, made by `load` on the thread that will make all its calls."""
-        return cls([LocalHost(load)])
+        pool = _one_thread()
+        try:
+            host = pool.submit(load).result()
+        except BaseException:
+            pool.shutdown()
+            raise
+        return cls([host], [pool])
 
     @classmethod
     def in_children(cls, opts: Any, count: int, threads: int) -> ModelWorkers:
@@ -61,58 +295,26 @@ class ModelWorkers:
 
     def start(self) -> None:
         """Ready for `call` on the running event loop (each event loop that serves calls starts it)."""
-        self._loop = asyncio.get_running_loop()
-        self._eased = asyncio.Event()
-
-    async def ready(self, at_most: int = 0) -> None:
-        """Wait until some host's load is at most `at_most` lines (0: until one is idle)."""
-        if self._eased is None:
-            raise RuntimeError("ModelWorkers.start() was not called")
-        while min(self.load) > at_most:
-            self._eased.clear()
-            await self._eased.wait()
-
-    def submit(self, method: str, *args: Any) -> asyncio.Future:
-        """Give `host.<method>(*args)` to the least loaded host now (on the event loop's thread);
-        await the result. For "decode", args are (lines, settings[, on_line])."""
-        if self._loop is None:
-            raise RuntimeError("ModelWorkers.start() was not called")
-        i = min(range(self.count), key=self.load.__getitem__)
-        on_line = None
-        if method == "decode":
-            lines, settings, *rest = args
-            args, left = (lines, settings), set(range(len(lines)))
-            on_line = self._counting(i, left, rest[0] if rest else None)
-        else:
-            left = {0}
-        self.load[i] += len(left)
-        future = asyncio.wrap_future(self.hosts[i].submit(method, args, on_line), loop=self._loop)
-        future.add_done_callback(lambda _: [self._answered(i, left, k) for k in list(left)])
-        return future
+        self._idle = asyncio.Queue()
+        for i in range(self.count):
+            self._idle.put_nowait(i)
 
     async def call(self, method: str, *args: Any) -> Any:
-        return await self.submit(method, *args)
-
-    def _counting(self, i: int, left: set[int], on_line: Any) -> Callable[[int, Any], None]:
-        """An `on_line` for host i's call that takes each answered line off its load (on the
-        event loop) and passes it on to `on_line` (on the host's thread)."""
-        loop = self._loop
-        assert loop is not None
-
-        def line_done(k: int, hypotheses: Any) -> None:
-            loop.call_soon_threadsafe(self._answered, i, left, k)
-            if on_line is not None:
-                on_line(k, hypotheses)
-
-        return line_done
-
-    def _answered(self, i: int, left: set[int], k: int) -> None:
-        if k in left:  # a line is heard twice when a call was sent again to a new child
-            left.discard(k)
-            self.load[i] -= 1
-            assert self._eased is not None
-            self._eased.set()
+        """`host.<method>(*args)` on an idle host's thread, waiting for one if all are busy."""
+        if self._idle is None:
+            raise RuntimeError("ModelWorkers.start() was not called")
+        i = await self._idle.get()
+        try:
+            fn = getattr(self.hosts[i], method)
+            return await asyncio.get_running_loop().run_in_executor(self.pools[i], fn, *args)
+        finally:
+            self._idle.put_nowait(i)
 
     def close(self) -> None:
-        for host in self.hosts:
+        for host, pool in zip(self.hosts, self.pools, strict=True):
+            pool.shutdown(wait=True)
             host.close()
+
+
+def _one_thread(i: int = 0) -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"nmt-model-{i}")

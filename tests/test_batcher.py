@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -38,22 +37,18 @@ class FakeModel:
 
 
 class Host:
-    """A model host (nmt.hosts) whose `decode` is a plain function, run on a thread of its own."""
+    """A model host (nmt.workers) whose `decode` is a plain function."""
 
-    def __init__(self, decode, at_once: int = 1) -> None:
-        self.decode = decode  # `at_once` > 1: calls given while one runs run beside it (as they join in nmt.hosts)
-        self.pool = ThreadPoolExecutor(at_once, thread_name_prefix=f"nmt-model-{id(self)}")
-
-    def submit(self, method: str, args: tuple, on_line=None):
-        return self.pool.submit(getattr(self, method), *args, on_line)
+    def __init__(self, decode) -> None:
+        self.decode = decode
 
     def close(self) -> None:
-        self.pool.shutdown()
+        pass
 
 
-def batcher_for(decode, limits: BatchLimits, at_once: int = 1) -> Batcher:
-    """A batcher over `limits.workers` hosts, all decoding with `decode`, `at_once` calls each."""
-    return Batcher(ModelWorkers([Host(decode, at_once) for _ in range(max(1, limits.workers))]), limits)
+def batcher_for(decode, limits: BatchLimits) -> Batcher:
+    """A batcher over `limits.workers` worker threads, all decoding with `decode`."""
+    return Batcher(ModelWorkers([Host(decode) for _ in range(max(1, limits.workers))]), limits)
 
 
 def run(coro):
@@ -180,7 +175,7 @@ def test_a_cancelled_request_is_skipped_and_the_others_answered():
         gone.cancel()
         return await asyncio.gather(first, kept)
 
-    first, kept = run(_with_batcher(model, BatchLimits(max_wait_ms=1, join_at=0), body))
+    first, kept = run(_with_batcher(model, BatchLimits(max_wait_ms=1), body))
     assert kept[0][0][0] == "KEPT!"
     assert all("gone" not in lines for lines, _ in model.calls)
 
@@ -220,30 +215,3 @@ def test_a_decode_that_returns_the_wrong_count_is_an_error_and_the_worker_lives_
     bad, good = run(_with_batcher(short, BatchLimits(max_wait_ms=1), body))
     assert isinstance(bad, RuntimeError) and "1 results for 2 lines" in str(bad)
     assert good == [[("x", None)]]
-
-
-@pytest.mark.parametrize("join_at", [0, 2])
-def test_a_busy_worker_takes_the_next_batch_once_its_load_is_down_to_join_at(join_at):
-    """With join_at 2 a worker decoding one sentence is given the next request at once (its search
-    joins the running one); with 0 the request waits until the worker is idle."""
-    model = FakeModel(delay=0.3)
-
-    async def body(b):
-        first = asyncio.ensure_future(b.translate(["one"], Decoding(beam=1)))
-        await asyncio.sleep(0.05)
-        second = await b.translate(["two", "three"], Decoding(beam=1))
-        return await first, second
-
-    batcher = batcher_for(model, BatchLimits(max_wait_ms=1, join_at=join_at), at_once=2)
-
-    async def main():
-        batcher.start()
-        try:
-            return await body(batcher)
-        finally:
-            await batcher.close()
-
-    first, second = run(main())
-    assert first[0][0][0] == "ONE!" and [h[0][0] for h in second] == ["TWO!", "THREE!"]
-    assert model.most_at_once == (2 if join_at else 1)
-    assert batcher.workers.load == [0]

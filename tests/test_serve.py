@@ -28,7 +28,7 @@ from nmt.device import available_cores  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
 from nmt.serve import ServeLimits, Service, auto_workers, create_app  # noqa: E402
 from nmt.translate import InferenceOptions, Translator  # noqa: E402
-from nmt.workers import ChildHost, LocalHost, ModelHost, ModelWorkers  # noqa: E402
+from nmt.workers import ChildHost, ModelHost, ModelWorkers  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +56,7 @@ def translator(run) -> Translator:
 @pytest.fixture(scope="module")
 def client(translator, run):
     limits = ServeLimits(max_sentences=8, max_chars=50, max_body_bytes=4000, max_beam=4, batch=BatchLimits(20, 64))
-    with TestClient(create_app(Service(ModelWorkers([LocalHost(lambda: ModelHost(translator))]), run, limits))) as c:
+    with TestClient(create_app(Service(ModelWorkers([ModelHost(translator)]), run, limits))) as c:
         yield c
 
 
@@ -186,14 +186,14 @@ def test_unknown_routes_and_methods_are_json_errors(client):
 
 
 def test_a_model_error_fails_only_its_own_request(client, translator, monkeypatch):
-    original = translator.steps
+    original = translator.translate_nbest
 
-    def fragile(lines, *args, **kwargs):  # a search coroutine, as `steps` is
+    def fragile(lines, *args, **kwargs):
         if any("坏" in line for line in lines):
             raise RuntimeError("model exploded")
-        return (yield from original(lines, *args, **kwargs))
+        return original(lines, *args, **kwargs)
 
-    monkeypatch.setattr(translator, "steps", fragile)
+    monkeypatch.setattr(translator, "translate_nbest", fragile)
     bodies = [{"text": "坏"}, {"text": "我们九点见。"}, {"text": ["他喝水。", "你看书。"]}]
     with ThreadPoolExecutor(3) as pool:
         results = list(pool.map(lambda b: post(client, "/translate", b), bodies))
@@ -213,14 +213,14 @@ def test_the_model_loads_and_decodes_on_one_thread_that_is_not_the_event_loops(r
     monkeypatch.setattr(Translator, "from_options", classmethod(loading))
     limits = ServeLimits(batch=BatchLimits(workers=1))
     service = Service.load(InferenceOptions(run_dir=run, precision="fp32"), run, limits)
-    translator = service.batcher.workers.hosts[0].host.translator
-    original = translator.steps
+    translator = service.batcher.workers.hosts[0].translator
+    original = translator.translate_nbest
 
     def decoding(*args, **kwargs):
         threads["decode"] = threading.get_ident()
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(translator, "steps", decoding)
+    monkeypatch.setattr(translator, "translate_nbest", decoding)
     with TestClient(create_app(service)) as c:
         assert post(c, "/translate", {"text": SENTENCES[0]})[0] == 200
     assert threads["load"] == threads["decode"] != threading.get_ident()

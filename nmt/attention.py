@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.cache import DecoderState
+from nmt.cache import DecoderState, KVCache
 from nmt.config import ConfigError
 from nmt.masks import attention_mask_from_padding, causal_mask, decoder_self_mask
 
@@ -330,39 +330,23 @@ class MultiHeadAttention(nn.Module):
         k, v = self._project_kv(memory)
         return k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
 
-    def self_step(self, x: Tensor, states: Sequence[DecoderState], layer: int) -> Tensor:
-        """One decoding step of self-attention for the groups `states` (see `Transformer.decode_steps`).
-        x (R, 1, D), the rows of each group in turn → (R, 1, D). A group's K/V are written at its
-        position `state.step` of its cache (layer `layer`); its tokens attend to every cached
-        position and themselves, so no mask is needed. The projections run once on all rows."""
+    def self_step(self, x: Tensor, cache: KVCache, layer: int, t: int) -> Tensor:
+        """One decoding step of self-attention. x (R, 1, D) → (R, 1, D); this token's K/V are written
+        at position `t` of `cache` (layer `layer`). The token attends to every cached position and
+        itself, so no mask is needed."""
         R = x.size(0)
         qkv = self.in_proj(x).view(R, 3, self.heads, self.d_k)  # (R, 3, H, dk)
-        outs = []
-        for part, state in zip(_split(qkv, states), states, strict=True):
-            k, v = state.self_kv.append(layer, state.step, part[:, 1:])  # (r, H, t+1, dk) each
-            outs.append(step_attention(part[:, 0, :, None], k, v))  # (r, H, 1, dk)
-        out = outs[0] if len(outs) == 1 else torch.cat(outs)  # (R, H, 1, dk)
+        k, v = cache.append(layer, t, qkv[:, 1:])  # (R, H, t+1, dk) each
+        out = step_attention(qkv[:, 0, :, None], k, v)  # (R, H, 1, dk)
         return self.out_proj(out.reshape(R, 1, self.d_model))
 
-    def cross_step(self, x: Tensor, states: Sequence[DecoderState], layer: int) -> Tensor:
-        """One decoding step of cross-attention for the groups `states`. x (R, 1, D) → (R, 1, D).
-        A group of N sentences × `state.beam` rows: the beams of a sentence are its queries,
-        q (N, H, beam, dk) against the sentence's K/V (N, H, S, dk), computed once by `memory_kv`."""
-        q = self._project_q(x)  # (R, 1, H, dk)
-        outs = []
-        for part, state in zip(_split(q, states), states, strict=True):
-            r, N = part.size(0), state.src_pad.size(0)
-            qn = part.view(N, r // N, self.heads, self.d_k).transpose(1, 2)  # (N, H, beam, dk)
-            out = step_attention(qn, state.cross_k[layer], state.cross_v[layer], state.cross_bias)
-            if state.cross_empty is not None:
-                out = out * state.cross_empty.to(out.dtype)  # no real key: zero output, as in `forward`
-            outs.append(out.transpose(1, 2).reshape(r, 1, self.d_model))
-        out = outs[0] if len(outs) == 1 else torch.cat(outs)  # (R, 1, D)
-        return self.out_proj(out)
-
-
-def _split(x: Tensor, states: Sequence[DecoderState]) -> Sequence[Tensor]:
-    """The rows of `x` of each group in `states`, in order (`x` itself for one group)."""
-    if len(states) == 1:
-        return [x]
-    return x.split([state.batch_size for state in states])
+    def cross_step(self, x: Tensor, state: DecoderState, layer: int) -> Tensor:
+        """One decoding step of cross-attention. x (R, 1, D) with R = N sentences × `state.beam`
+        rows → (R, 1, D). The beams of a sentence are its queries: q (N, H, beam, dk) against the
+        sentence's K/V (N, H, S, dk), computed once by `memory_kv`."""
+        R, N = x.size(0), state.src_pad.size(0)
+        q = self._project_q(x).view(N, R // N, self.heads, self.d_k).transpose(1, 2)  # (N, H, beam, dk)
+        out = step_attention(q, state.cross_k[layer], state.cross_v[layer], state.cross_bias)  # (N, H, beam, dk)
+        if state.cross_empty is not None:
+            out = out * state.cross_empty.to(out.dtype)  # no real key: zero output, as in `forward`
+        return self.out_proj(out.transpose(1, 2).reshape(R, 1, self.d_model))

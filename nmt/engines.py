@@ -8,8 +8,6 @@ detokenisation) and hands each padded batch to an engine. Every engine has the s
 `seqs` are source piece ids without EOS; the result holds, per sequence, up to `nbest`
 `(target ids without BOS/EOS, score)` pairs, best first (score NaN for greedy). An engine may call
 `on_done(i, pairs)` as soon as sequence i is done (the native beam search does; others need not).
-An engine that can share its decoding steps with other searches also has `search_steps`, the same
-search as a coroutine (`nmt.search.Steps`; driven by `nmt.joint.JointSteps`).
 
 - `NativeEngine`: nmt's own PyTorch model and `nmt/search.py`.
 - the CTranslate2 engine lives in `nmt/ct2.py` (optional extra `nmt[ctranslate2]`).
@@ -24,7 +22,7 @@ import torch
 from nmt.batching import pad_sources  # re-exported: the one padded source batch
 from nmt.config import DecodeConfig
 from nmt.device import inference_model, resolve_inference_precision
-from nmt.search import Hypothesis, Steps, beam_steps, greedy_search, run_steps
+from nmt.search import Hypothesis, beam_search, greedy_search
 
 ENGINES = ("native", "ctranslate2")
 
@@ -52,21 +50,15 @@ class NativeEngine:
     def search(
         self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float, greedy: bool, on_done: Done = None
     ) -> Found:
-        return run_steps(self.model, self.search_steps(seqs, beam, nbest, len_penalty, greedy, on_done))
-
-    def search_steps(
-        self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float, greedy: bool, on_done: Done = None
-    ) -> Steps[Found]:
-        """`search` as a coroutine that yields its decoding steps (`nmt.search.beam_steps`), so that
-        `nmt.joint.JointSteps` can run them together with other searches; greedy search runs whole."""
         d = self.decode
         src = pad_sources(seqs).to(self.device)  # (B, S)
-        if greedy:
-            out = greedy_search(self.model, src, d.max_len_a, d.max_len_b, d.min_len)
-            return [[(tokens, float("nan"))] for tokens in out]
-        report = (lambda i, row: on_done(i, _pairs(row))) if on_done is not None else None
-        lengths = (d.max_len_a, d.max_len_b, d.min_len, d.no_repeat_ngram)
-        hyps = yield from beam_steps(self.model, src, beam, nbest, len_penalty, *lengths, on_done=report)
+        with torch.inference_mode():
+            if greedy:
+                out = greedy_search(self.model, src, d.max_len_a, d.max_len_b, d.min_len)
+                return [[(tokens, float("nan"))] for tokens in out]
+            report = (lambda i, row: on_done(i, _pairs(row))) if on_done is not None else None
+            lengths = (d.max_len_a, d.max_len_b, d.min_len, d.no_repeat_ngram)
+            hyps = beam_search(self.model, src, beam, nbest, len_penalty, *lengths, on_done=report)
         return [_pairs(row) for row in hyps]
 
 

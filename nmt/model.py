@@ -10,7 +10,7 @@ final LayerNorm per stack) or post-norm. The output projection is the decoder em
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -106,11 +106,10 @@ class DecoderLayer(nn.Module):
         x = self.cross_block(x, lambda h: self.cross_attn(h, memory, key_pad=src_pad, query_pad=tgt_pad))
         return self.ffn_block(x, self.ffn)
 
-    def step(self, x: Tensor, states: Sequence[DecoderState], i: int) -> Tensor:
-        """x (R, 1, D), the rows of each group of `states` in turn → (R, 1, D); writes each group's
-        self-attention K/V into layer i of its cache."""
-        x = self.self_block(x, lambda h: self.self_attn.self_step(h, states, i))
-        x = self.cross_block(x, lambda h: self.cross_attn.cross_step(h, states, i))
+    def step(self, x: Tensor, state: DecoderState, i: int) -> Tensor:
+        """x (R, 1, D) → (R, 1, D); writes this token's self-attention K/V into layer i's cache."""
+        x = self.self_block(x, lambda h: self.self_attn.self_step(h, state.self_kv, i, state.step))
+        x = self.cross_block(x, lambda h: self.cross_attn.cross_step(h, state, i))
         return self.ffn_block(x, self.ffn)
 
 
@@ -241,25 +240,11 @@ class Transformer(nn.Module):
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """tokens (B,) at position `state.step` → next-token logits (B, V) in fp32; advances the state."""
-        return self.decode_steps([tokens], [state])[0]
-
-    def decode_steps(self, tokens: Sequence[Tensor], states: Sequence[DecoderState]) -> list[Tensor]:
-        """One step of several independent searches (groups) at once: `decode_step` of each
-        (tokens[g], states[g]), with equal results. The linear layers run once on the rows of all
-        groups, so a step's weights are read once however many groups share it; attention and the
-        caches stay per group, each at its own position, so no row is padded to another group's
-        length. tokens[g] (B_g,) → logits (B_g, V) fp32 per group; advances every state."""
-        xs = [
-            self._embed(t[:, None], self.tgt_embed, self.tgt_positions, start=s.step)  # (B_g, 1, D)
-            for t, s in zip(tokens, states, strict=True)
-        ]
-        x = xs[0] if len(xs) == 1 else torch.cat(xs)  # (R, 1, D)
+        x = self._embed(tokens[:, None], self.tgt_embed, self.tgt_positions, start=state.step)  # (B, 1, D)
         for i, layer in enumerate(self.decoder.layers):
-            x = layer.step(x, states, i)
-        for state in states:
-            state.step += 1
-        logits = self._logits(self.decoder.norm(x))[:, 0].float()  # (R, V)
-        return [logits] if len(states) == 1 else list(logits.split([t.numel() for t in tokens]))
+            x = layer.step(x, state, i)
+        state.step += 1
+        return self._logits(self.decoder.norm(x))[:, 0].float()  # (B, V)
 
 
 # --------------------------------------------------------------------------- helpers

@@ -38,9 +38,9 @@ Results do not depend on the other sentences in the batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -49,8 +49,6 @@ from nmt import BOS_ID, EOS_ID, PAD_ID
 
 NEG_INF = float("-inf")
 _NEVER = torch.tensor([PAD_ID, BOS_ID])  # ids that are never generated
-T = TypeVar("T")
-Steps = Generator[tuple[Tensor, Any], Tensor, T]  # a search coroutine: yields (tokens, state), gets logits, returns T
 COMPACT_AT = 4  # greedy: rows that ended leave the batch once they are 1/COMPACT_AT of it
 
 
@@ -115,6 +113,11 @@ def block_repeated_ngrams(lp: Tensor, hist: Tensor, n: int) -> Tensor:
     match = (grams[:, :, :-1] == tail.unsqueeze(1)).all(dim=-1)  # (R, G)
     banned = torch.where(match, grams[:, :, -1], torch.full_like(grams[:, :, -1], PAD_ID))  # (R, G)
     return lp.scatter(1, banned, NEG_INF)
+
+
+def _log_probs(model: Any, tokens: Tensor, state: Any) -> Tensor:
+    logits = model.decode_step(tokens, state)  # (R, V)
+    return torch.log_softmax(logits.float(), dim=-1)
 
 
 # --------------------------------------------------------------------------- greedy
@@ -220,38 +223,6 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Beam search for a batch `src` (B, S); returns, per sentence, up to `nbest` hypotheses, best first.
     `on_done(b, hypotheses)` is called as soon as sentence b is done (before the batch is)."""
-    lengths = (max_len_a, max_len_b, min_len, no_repeat_ngram)
-    return run_steps(model, beam_steps(model, src, beam, nbest, len_penalty, *lengths, on_done=on_done))
-
-
-def run_steps(model: Any, search: Steps[T]) -> T:
-    """Drive one search coroutine (`beam_steps`, or anything that yields `(tokens, state)` and takes
-    the logits back) with `model.decode_step`; returns what the search returns."""
-    with torch.inference_mode():
-        try:
-            tokens, state = next(search)
-            while True:
-                tokens, state = search.send(model.decode_step(tokens, state))
-        except StopIteration as stop:
-            return stop.value
-
-
-def beam_steps(
-    model: Any,
-    src: Tensor,
-    beam: int = 5,
-    nbest: int = 1,
-    len_penalty: float = 1.0,
-    max_len_a: float = 1.5,
-    max_len_b: float = 10,
-    min_len: int = 1,
-    no_repeat_ngram: int = 0,
-    on_done: Callable[[int, list[Hypothesis]], None] | None = None,
-) -> Steps[list[list[Hypothesis]]]:
-    """`beam_search` as a coroutine that leaves the decoder calls to its driver: it yields
-    `(tokens, state)` at each step and expects `model.decode_step(tokens, state)` back, so that a
-    driver can run the steps of several searches as one model call (`nmt.joint`). Its driver
-    holds torch's inference mode; `model` is used here only to encode `src` and for its limits."""
     if beam < 1 or not 1 <= nbest <= beam:
         raise ValueError(f"need beam >= 1 and 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
     B, K, dev = src.size(0), beam, src.device
@@ -267,9 +238,7 @@ def beam_steps(
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(steps):
         N, k = scores.shape
-        logits = yield tokens, state  # (N*k, V): the driver's model.decode_step(tokens, state)
-        lp = torch.log_softmax(logits.float(), dim=-1)
-        lp = constrain(lp, t, min_len, max_len[sent].repeat_interleave(k), earliest)
+        lp = constrain(_log_probs(model, tokens, state), t, min_len, max_len[sent].repeat_interleave(k), earliest)
         lp = block_repeated_ngrams(lp, hist[:, :t], no_repeat_ngram)  # (N*k, V)
         V = lp.size(1)
         cand = (scores.view(-1, 1) + lp).view(N, k * V)  # (N, k*V)

@@ -43,7 +43,6 @@ from nmt.device import resolve_device
 from nmt.engines import ENGINES, NativeEngine
 from nmt.errors import NmtError
 from nmt.passthrough import Masked, mask, masker, restore
-from nmt.search import Steps, run_steps
 
 CHUNK_LINES = 2000  # lines read ahead (and sorted by length) by translate_stream
 
@@ -265,20 +264,6 @@ class Translator:
         on_line: Callable[[int, list[tuple[str, float]]], None] | None = None,
     ) -> list[list[tuple[str, float]]]:
         """(text, score) lists for each line; without `scores` a beam of 1 runs greedy search (score NaN)."""
-        return run_steps(self.model, self.steps(lines, first_line, beam, nbest, len_penalty, scores, on_line))
-
-    def steps(
-        self,
-        lines: list[str],
-        first_line: int = 1,
-        beam: int | None = None,
-        nbest: int = 1,
-        len_penalty: float | None = None,
-        scores: bool = False,
-        on_line: Callable[[int, list[tuple[str, float]]], None] | None = None,
-    ) -> Steps[list[list[tuple[str, float]]]]:
-        """`_translate_chunk` as a coroutine that yields the model's decoding steps (its batches one
-        after another), for `nmt.joint.JointSteps` to run together with other requests' steps."""
         d = self.config.decode
         beam = d.beam if beam is None else beam
         lp = d.len_penalty if len_penalty is None else len_penalty
@@ -299,7 +284,7 @@ class Translator:
 
         for group in self.batches(ids):
             early = (lambda j, found, group=group: report(group[j], found)) if on_line is not None else None
-            hyps = yield from self._search([ids[i] for i in group], beam, nbest, lp, beam == 1 and not scores, early)
+            hyps = self._search([ids[i] for i in group], beam, nbest, lp, beam == 1 and not scores, early)
             for i, h in zip(group, hyps, strict=True):
                 if i not in heard:
                     results[i] = texts(i, h)
@@ -307,16 +292,10 @@ class Translator:
 
     def _search(
         self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float, greedy: bool, on_done: Any = None
-    ) -> Steps[list[list[tuple]]]:
-        """Decode one batch of source sequences; returns (tokens, score) lists, best first. Yields the
-        decoding steps of an engine that has `search_steps`; `stats.seconds` is the wall time from
-        the batch's start to its end (shared with the batches it ran beside, under `nmt serve`)."""
+    ) -> list[list[tuple]]:
+        """Decode one batch of source sequences; returns (tokens, score) lists, best first."""
         start = time.perf_counter()
-        stepwise = getattr(self.engine, "search_steps", None)
-        if stepwise is not None:
-            found = yield from stepwise(seqs, beam, nbest, len_penalty, greedy, on_done)
-        else:
-            found = self.engine.search(seqs, beam, nbest, len_penalty, greedy, on_done)
+        found = self.engine.search(seqs, beam, nbest, len_penalty, greedy, on_done)
         with self._stats_lock:  # `nmt serve` decodes on several threads
             self.stats.seconds += time.perf_counter() - start
             self.stats.sentences += len(seqs)

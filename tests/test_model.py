@@ -345,28 +345,3 @@ def test_split_projections_keeps_outputs_and_exposes_linear_layers():
     with torch.no_grad():
         state = quantised.start_decoding(quantised.encode(src))
         assert torch.isfinite(quantised.decode_step(tgt[:, 0], state)).all()
-
-
-def test_decode_steps_of_several_groups_equal_each_group_alone():
-    """Groups at different positions, with different beams, source lengths and row counts, decoded in
-    one `decode_steps` call give the logits each gets from `decode_step` alone, step after step."""
-    model = make_model()
-    src_a, tgt_a = batch(B=2, S=5, T=9)
-    src_b, tgt_b = batch(B=3, S=9, T=9)
-    src_b[2] = PAD_ID  # a source without a single real token rides along
-    with torch.no_grad():
-        alone = [model.start_decoding(model.encode(s)) for s in (src_a, src_b)]
-        joint = [model.start_decoding(model.encode(s)) for s in (src_a, src_b)]
-        for state in (alone[0], joint[0]):  # group a starts three steps earlier, with 2 beams
-            for t in range(3):
-                model.decode_step(tgt_a[:, t].repeat_interleave(2) if t else tgt_a[:, 0], state)
-                if t == 0:
-                    state.reorder(torch.arange(2).repeat_interleave(2), beam=2)
-        for t in range(4):
-            tokens = [tgt_a[:, t + 3].repeat_interleave(2), tgt_b[:, t]]
-            expected = [model.decode_step(tok, s) for tok, s in zip(tokens, alone, strict=True)]
-            got = model.decode_steps(tokens, joint)
-            assert [g.shape for g in got] == [(4, TGT_V), (3, TGT_V)]
-            for e, g in zip(expected, got, strict=True):
-                torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
-    assert [s.step for s in joint] == [7, 4]

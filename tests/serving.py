@@ -51,13 +51,18 @@ def request(port: int, method: str, path: str, body: dict | None = None, timeout
         conn.close()
 
 
+def _stat(pid: int | str) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name: state, parent pid, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def child_pids(pid: int) -> list[int]:
     """The processes whose parent is `pid` (Linux /proc)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                if int(_stat(entry.name)[1]) == pid:
                     found.append(int(entry.name))
             except (OSError, IndexError):
                 continue  # ended meanwhile
@@ -67,7 +72,7 @@ def child_pids(pid: int) -> list[int]:
 def alive(pid: int) -> bool:
     """`pid` exists and is not a zombie."""
     try:
-        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
+        return _stat(pid)[0] != "Z"
     except OSError:
         return False
 

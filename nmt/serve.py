@@ -136,6 +136,10 @@ class Service:
         self.run_dir, self.limits = Path(run_dir), limits
         self.default = Decoding(beam=beam or d.beam, nbest=1, len_penalty=float(d.len_penalty))
         self.batcher = Batcher(workers, limits.batch)
+        ckpt = self.facts.checkpoint  # the name is fixed once loaded (resolving it per request cost ~0.1 ms)
+        run_name = self.run_dir.resolve().name
+        self.model_name = f"{run_name}/{Path(ckpt).name}" if ckpt else run_name
+        self.engine_info = {"engine": self.facts.engine, "precision": self.facts.precision, "device": self.facts.device}
 
     @classmethod
     def load(cls, opts: Any, run_dir: Path, limits: ServeLimits) -> Service:
@@ -196,7 +200,7 @@ class Service:
         return {
             "translations": entries,
             "model": self.model_name,
-            "settings": {**asdict(s), **self.engine_info},
+            "settings": {**vars(s), **self.engine_info},  # vars: no deep copy (asdict) per request
             "seconds": round(time.perf_counter() - start, 4),
         }
 
@@ -212,16 +216,6 @@ class Service:
         return {**amap, "translation": target, "layer": req.layer}
 
     # descriptions
-
-    @property
-    def model_name(self) -> str:
-        ckpt = self.facts.checkpoint
-        return f"{self.run_dir.resolve().name}/{Path(ckpt).name}" if ckpt else self.run_dir.resolve().name
-
-    @property
-    def engine_info(self) -> dict[str, str]:
-        f = self.facts
-        return {"engine": f.engine, "precision": f.precision, "device": f.device}
 
     @property
     def batch_counts(self) -> dict[str, int]:

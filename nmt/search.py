@@ -197,6 +197,12 @@ def _add_finished(fin: _Finished, new_score: Tensor, new_logprob: Tensor, new_to
     return _Finished(score.gather(1, order), logprob, tokens, length)
 
 
+def _open(score: Tensor) -> Tensor:
+    """True where a beam score is a real one (NEG_INF marks closed slots; scores are never +inf or
+    NaN): one comparison instead of `isfinite`'s several kernels, on every step."""
+    return score > NEG_INF
+
+
 def _collect(fin: _Finished, nbest: int) -> list[list[Hypothesis]]:
     """The n-best of each sentence in `fin`, best first (one device→host copy)."""
     scores, logprobs, lengths = fin.score.tolist(), fin.logprob.tolist(), fin.length.tolist()
@@ -241,7 +247,7 @@ def beam_search(
         lp = constrain(_log_probs(model, tokens, state), t, min_len, max_len[sent].repeat_interleave(k), earliest)
         lp = block_repeated_ngrams(lp, hist[:, :t], no_repeat_ngram)  # (N*k, V)
         V = lp.size(1)
-        cand = (scores.view(-1, 1) + lp).view(N, k * V)  # (N, k*V)
+        cand = lp.add_(scores.view(-1, 1)).view(N, k * V)  # (N, k*V), in place: one (R, V) buffer less per step
         top_score, top_idx = cand.topk(min(2 * K, k * V), dim=1)  # (N, 2K)
         if top_score.size(1) < K:  # a vocabulary smaller than the beam at step 0: closed slots
             fill = K - top_score.size(1)
@@ -250,8 +256,8 @@ def beam_search(
         top_beam, top_tok = top_idx // V, top_idx % V
         fin = _finish_eos(fin, top_score[:, :K], top_beam[:, :K], top_tok[:, :K], hist, t, len_penalty)
         scores, flat, tokens = _next_beams(top_score, top_beam, top_tok, K, k)  # (N, K), (N*K,), (N*K,)
-        full = torch.isfinite(fin.score).sum(dim=1) >= K  # (N,)
-        stuck = ~torch.isfinite(scores).any(dim=1)  # every open beam was closed by the rules
+        full = _open(fin.score).sum(dim=1) >= K  # (N,)
+        stuck = ~_open(scores).any(dim=1)  # every open beam was closed by the rules
         done = full | stuck | (t >= max_len[sent])
         keep = None
         if bool(done.any()):  # collect finished sentences and drop their rows
@@ -276,7 +282,7 @@ def _finish_eos(
 ) -> _Finished:
     """Store the EOS candidates among the top K of this step (all (N, K)) as finished hypotheses.
     `hist` (N*k, T) holds the k open beams of each sentence that `beam_idx` points into."""
-    is_eos = (tok == EOS_ID) & torch.isfinite(score)  # (N, K)
+    is_eos = (tok == EOS_ID) & _open(score)  # (N, K)
     if not bool(is_eos.any()):
         return fin
     N, K = score.shape
@@ -297,7 +303,7 @@ def _next_beams(top_score: Tensor, top_beam: Tensor, top_tok: Tensor, K: int, k:
     new token (N*K,).
     """
     N, C = top_score.shape
-    open_ = (top_tok != EOS_ID) & torch.isfinite(top_score)  # (N, 2K)
+    open_ = (top_tok != EOS_ID) & _open(top_score)  # (N, 2K)
     rank_key = open_.long() * (C - torch.arange(C, device=top_score.device))  # earlier rank → larger
     pick = rank_key.topk(K, dim=1).indices  # (N, K): open candidates first, in rank order
     scores = top_score.gather(1, pick)
@@ -306,5 +312,5 @@ def _next_beams(top_score: Tensor, top_beam: Tensor, top_tok: Tensor, K: int, k:
     flat = (torch.arange(N, device=top_score.device).unsqueeze(1) * k + beam_idx).view(-1)
     tokens = top_tok.gather(1, pick).view(-1)
     # a closed slot (no open candidate left) gets PAD so it never looks like EOS to the n-gram rule
-    tokens = torch.where(torch.isfinite(scores.view(-1)), tokens, torch.full_like(tokens, PAD_ID))
+    tokens = torch.where(_open(scores.view(-1)), tokens, torch.full_like(tokens, PAD_ID))
     return scores, flat, tokens

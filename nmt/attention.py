@@ -40,14 +40,17 @@ def resolve_backend(
 ) -> str:
     """The backend that runs for tensors on `device` in `dtype`: "math", "sdpa" or "flash".
 
-    auto → flash on CUDA with fp16/bf16, sdpa otherwise on CUDA; on a CPU whichever of math and
-    sdpa a timed probe found faster for this dtype and head size (forward + backward when
-    gradients are on: in bf16 training math wins clearly, in fp32 sdpa). An explicit "flash" on a
-    non-CUDA device raises ConfigError (at use: a flash-trained model still loads anywhere).
-    Where the varlen kernel cannot run on CUDA, "flash" and "auto" run sdpa: fp32 (e.g.
-    evaluation without autocast), attention dropout in training (`dropout` > 0; the kernel has
-    none), a head dimension that is not a multiple of 8 or exceeds 256, a torch without a
-    `varlen_attn` whose signature nmt knows (`varlen_kernel`).
+    auto → sdpa on CUDA (PyTorch's fused kernels); on a CPU whichever of math and sdpa a timed
+    probe found faster for this dtype and head size (forward + backward when gradients are on:
+    in bf16 training math wins clearly, in fp32 sdpa). "flash" is asked for by name: on an H200
+    with torch 2.11 it was the slower (attention forward + backward 2.4-3.3 ms against 1.1-1.9
+    ms for sdpa at 32-1024 tokens, base.yaml training steps 52-57 ms against 30-35 ms; the
+    unpadding waits for the GPU twice per call; docs/BENCHMARKS.md, "GPU"). An explicit "flash"
+    on a non-CUDA device raises ConfigError (at use: a flash-trained model still loads anywhere).
+    Where the varlen kernel cannot run on CUDA, "flash" runs sdpa: fp32 (e.g. evaluation without
+    autocast), attention dropout in training (`dropout` > 0; the kernel has none), a head
+    dimension that is not a multiple of 8 or exceeds 256, a torch without a `varlen_attn` whose
+    signature nmt knows (`varlen_kernel`).
     """
     if requested not in BACKENDS:
         raise ConfigError(f"model.attention: unknown backend {requested!r} (use one of {' | '.join(BACKENDS)})")
@@ -58,8 +61,8 @@ def resolve_backend(
         )
     if requested in ("math", "sdpa"):
         return requested
-    if device_type == "cpu" and requested == "auto":
-        return _cpu_choice(dtype, head_dim, torch.is_grad_enabled())
+    if requested == "auto":
+        return _cpu_choice(dtype, head_dim, torch.is_grad_enabled()) if device_type == "cpu" else "sdpa"
     flash_ok = dtype in _HALF and dropout == 0.0 and head_dim % 8 == 0 and head_dim <= 256
     if device_type == "cuda" and flash_ok and varlen_kernel() is not None:
         return "flash"

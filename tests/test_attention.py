@@ -28,8 +28,8 @@ def run(mha: MultiHeadAttention, backend: str, x, memory, key_pad, query_pad, ca
     x = x.detach().clone().requires_grad_(True)
     memory = None if memory is None else memory.detach().clone().requires_grad_(True)
     out = mha(x, memory, key_pad=key_pad, query_pad=query_pad, causal=causal)  # (B, T, D)
-    real = ~query_pad if query_pad is not None else torch.ones(out.shape[:2], dtype=torch.bool)
-    weights = torch.linspace(-1, 1, out.numel()).view_as(out)
+    real = ~query_pad if query_pad is not None else torch.ones(out.shape[:2], dtype=torch.bool, device=out.device)
+    weights = torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out)
     (out * weights * real[..., None]).sum().backward()
     grads = [x.grad] + ([] if memory is None else [memory.grad]) + [p.grad for p in mha.parameters()]
     return out, real, grads
@@ -145,8 +145,8 @@ def test_resolve_backend(monkeypatch):
     monkeypatch.setattr(attention, "_cpu_choice", lambda dtype, head_dim, grad: measured[dtype])
     assert resolve_backend("auto", cpu, torch.float32) == "sdpa"  # on a CPU: what the probe measured
     assert resolve_backend("auto", cpu, torch.bfloat16) == "math"
-    assert resolve_backend("auto", cuda, torch.bfloat16) == "flash"
-    assert resolve_backend("auto", cuda, torch.float16) == "flash"
+    assert resolve_backend("auto", cuda, torch.bfloat16) == "sdpa"  # measured faster than flash on an H200
+    assert resolve_backend("auto", cuda, torch.float16) == "sdpa"
     assert resolve_backend("auto", cuda, torch.float32) == "sdpa"
     assert resolve_backend("auto", cuda, torch.bfloat16, dropout=0.1) == "sdpa"
     assert resolve_backend("flash", cuda, torch.bfloat16) == "flash"
@@ -182,10 +182,16 @@ def test_flash_matches_math_on_cuda(case):
     key_pad = random_pad(B, S).cuda() if spec["memory"] else query_pad
     with torch.autocast("cuda", dtype=torch.bfloat16):
         out_f, real, grads_f = run(mha, "flash", x, memory, key_pad, query_pad, spec["causal"])
+        out_b, _, grads_b = run(mha, "math", x, memory, key_pad, query_pad, spec["causal"])  # math in bf16
     out_m, _, grads_m = run(mha, "math", x, memory, key_pad, query_pad, spec["causal"])  # fp32 reference
-    torch.testing.assert_close(out_f[real].float(), out_m[real], atol=3e-2, rtol=3e-2)
-    for gf, gm in zip(grads_f[:2], grads_m[:2], strict=True):
-        torch.testing.assert_close(gf.float(), gm, atol=3e-2, rtol=3e-2)
+
+    def err(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a.float() - b).abs().max())
+
+    # flash in bf16 is as close to the fp32 reference as math in bf16 is (scripts/gpu_check.py's rule)
+    assert err(out_f[real], out_m[real]) <= 3 * err(out_b[real], out_m[real]) + 1e-3
+    for gf, gb, gm in zip(grads_f[:2], grads_b[:2], grads_m[:2], strict=True):
+        assert err(gf, gm) <= 3 * err(gb, gm) + 1e-3
 
 
 def test_cpu_auto_backend_is_the_faster_one_measured():

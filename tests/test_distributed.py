@@ -42,6 +42,17 @@ def test_single_process_helpers_are_no_ops(monkeypatch):
     dist.teardown()
 
 
+def test_more_processes_than_gpus_is_a_one_line_error(monkeypatch):
+    """torchrun --nproc_per_node=2 on a machine with one GPU: rank 1 names the problem instead of
+    failing in set_device (seen on an H200 machine: the other rank then died in gloo)."""
+    for key, value in (("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")):
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(NmtError, match=r"LOCAL_RANK=1 but this machine has 1 CUDA device.*nproc_per_node"):
+        dist.init_distributed(torch.device("cuda"))
+    assert not torch.distributed.is_initialized()
+
+
 SCRIPT = """
 import json, os, sys
 from pathlib import Path
@@ -59,8 +70,16 @@ if info.rank == 0:
     Path({out!r}).write_text(json.dumps({{"losses": steps.losses, "summary": summary, "ranks": ranks}}))
 """
 
-OVERRIDES = ["train.max_steps=8", "train.max_tokens=300", "train.warmup=4", "train.lr=0.003", "train.eval_every=8",
-             "train.eval_sentences=8", "train.seed=5"]  # fmt: skip
+OVERRIDES = [
+    "train.max_steps=8",
+    "train.max_tokens=300",
+    "train.warmup=4",
+    "train.lr=0.003",
+    "train.eval_every=8",
+    "train.eval_sentences=8",
+    "train.seed=5",
+    "train.device=cpu",
+]  # fmt: skip  (gloo, also where CUDA is)
 
 
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to python")

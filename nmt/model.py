@@ -287,7 +287,7 @@ def model_summary(model: Transformer) -> str:
         count[name.split(".")[0] if name.startswith(("encoder.", "decoder.")) else "embeddings"] += p.numel()
     total = sum(count.values())
     param = next(model.parameters())
-    if cfg.attention == "auto" and param.device.type == "cuda":
+    if cfg.attention == "flash" and param.device.type == "cuda":
         backend = "flash (bf16/fp16), sdpa (fp32)"
     elif param.device.type == "meta":
         backend = cfg.attention

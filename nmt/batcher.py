@@ -43,7 +43,6 @@ class BatchLimits:
     max_wait_ms: float = 5.0  # how long the first request of a batch waits for company
     max_batch: int = 64  # sentences gathered into one model call (a larger request is decoded whole)
     workers: int = 1  # model workers decoding batches at once (0 = `nmt.serve.auto_workers`)
-    inflight: bool | None = None  # beam search in flight (`nmt.continuous`); None: on for the native engine on CUDA
 
 
 @dataclass

@@ -173,8 +173,7 @@ class DecoderState:
         positions before a row's sentence started, 0 elsewhere; None when no row has such positions."""
         if self.offset is None or not bool(self.offset.any()):
             return None
-        first = self.offset.repeat_interleave(self.beam)[:, None]  # (R, 1)
-        before = torch.arange(self.step + 1, device=first.device) < first  # (R, step+1)
+        before = torch.arange(self.step + 1, device=self.offset.device) < self.offset.repeat_interleave(self.beam)[:, None]
         bias = torch.zeros(before.shape, dtype=torch.float32, device=before.device)
         return bias.masked_fill_(before, torch.finfo(torch.float32).min)[:, None, None, :]
 
@@ -202,5 +201,5 @@ def _pad_last(t: Tensor, size: int, value: float | bool) -> Tensor:
 
 def _cat_padded(a: Tensor, b: Tensor, S: int) -> Tensor:
     """Two (N, H, S_i, dk) cross-attention K or V tensors → (Na + Nb, H, S, dk), zeros as padding."""
-    padded = [torch.cat([x, x.new_zeros(*x.shape[:2], S - x.size(2), x.size(3))], 2) for x in (a, b)]
-    return torch.cat(padded)
+    pad = [x if x.size(2) == S else torch.cat([x, x.new_zeros(*x.shape[:2], S - x.size(2), x.size(3))], 2) for x in (a, b)]
+    return torch.cat(pad)

@@ -305,10 +305,6 @@ def serve(
             "--workers", min=0, help="Batches decoded at once; several run in child processes (0: one per core, <= 4)."
         ),
     ] = 0,
-    inflight: Annotated[
-        bool | None,
-        typer.Option("--inflight/--no-inflight", help="Requests join the running beam search (default: on CUDA only)."),
-    ] = None,
     log_level: Annotated[LogLevel, typer.Option("--log-level", help="warning: no line per request.")] = LogLevel.info,
 ) -> None:
     """Serve a run over HTTP: JSON API (/translate, /docs) and a web page at / (needs nmt[serve])."""
@@ -320,7 +316,7 @@ def serve(
     from nmt.batcher import BatchLimits
     from nmt.translate import InferenceOptions
 
-    batch = BatchLimits(batch_wait_ms, max_batch, workers, inflight)
+    batch = BatchLimits(batch_wait_ms, max_batch, workers)
     limits = ServeLimits(max_sentences, max_chars, max_beam=max_beam, batch=batch)
     opts = InferenceOptions(run, checkpoint, device, precision, engine, beam)
     run_server(opts, ServeOptions(host, port, limits, log_level.value))

@@ -33,11 +33,10 @@ from nmt.search import (
     NEG_INF,
     Hypothesis,
     _collect,
-    _finish_eos,
     _Finished,
+    _finish_eos,
     _log_probs,
     _next_beams,
-    _open,
     constrain,
     max_lengths,
 )
@@ -98,8 +97,7 @@ class InflightBeam:
         scores[:, 0] = 0.0  # one open beam per new sentence
         hist = torch.full((B * K, T), PAD_ID, dtype=torch.long, device=src.device)
         tokens = torch.full((B * K,), BOS_ID, dtype=torch.long, device=src.device)
-        fin = _Finished.empty(B, K, T, src.device)
-        new = _Live(list(done), torch.zeros_like(max_len), max_len, scores, hist, tokens, fin)
+        new = _Live(list(done), torch.zeros_like(max_len), max_len, scores, hist, tokens, _Finished.empty(B, K, T, src.device))
         if self.live is None:
             self.state, self.live = state, new
             return
@@ -114,17 +112,15 @@ class InflightBeam:
             return
         N, K = live.scores.shape
         position = live.age.repeat_interleave(K)  # (N*K,)
-        lp = _log_probs(self.model, live.tokens, self.state)  # (N*K, V)
-        lp = constrain(lp, position, s.min_len, live.max_len.repeat_interleave(K))
+        lp = constrain(_log_probs(self.model, live.tokens, self.state), position, s.min_len, live.max_len.repeat_interleave(K))
         V = lp.size(1)
-        cand = lp.add_(live.scores.view(-1, 1)).view(N, K * V)  # (N, K*V)
+        cand = (live.scores.view(-1, 1) + lp).view(N, K * V)  # (N, K*V)
         top_score, top_idx = cand.topk(2 * K, dim=1)  # (N, 2K)
         top_beam, top_tok = top_idx // V, top_idx % V
-        top = (top_score[:, :K], top_beam[:, :K], top_tok[:, :K])
-        fin = _finish_eos(live.fin, *top, live.hist, live.age, s.len_penalty)
+        fin = _finish_eos(live.fin, top_score[:, :K], top_beam[:, :K], top_tok[:, :K], live.hist, live.age, s.len_penalty)
         scores, flat, tokens = _next_beams(top_score, top_beam, top_tok, K, K)  # (N, K), (N*K,), (N*K,)
-        full = _open(fin.score).sum(dim=1) >= K  # (N,)
-        stuck = ~_open(scores).any(dim=1)
+        full = torch.isfinite(fin.score).sum(dim=1) >= K  # (N,)
+        stuck = ~torch.isfinite(scores).any(dim=1)
         done = full | stuck | (live.age >= live.max_len)
         hist = live.hist[flat]
         hist[torch.arange(N * K, device=hist.device), position] = tokens

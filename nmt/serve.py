@@ -33,7 +33,6 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from nmt.batcher import Batcher, BatchLimits, Decoding
-from nmt.continuous import ContinuousBatcher
 from nmt.errors import NmtError
 from nmt.runlog import curves_to_json, eval_summary, read_curves, read_eval_reports
 from nmt.workers import ModelHost, ModelWorkers
@@ -136,9 +135,7 @@ class Service:
         d = self.facts.config.decode
         self.run_dir, self.limits = Path(run_dir), limits
         self.default = Decoding(beam=beam or d.beam, nbest=1, len_penalty=float(d.len_penalty))
-        self.batcher: Batcher | ContinuousBatcher = Batcher(workers, limits.batch)
-        if limits.batch.inflight:
-            self.batcher = ContinuousBatcher(workers.hosts[0].translator, self.batcher)  # type: ignore[attr-defined]
+        self.batcher = Batcher(workers, limits.batch)
         ckpt = self.facts.checkpoint  # the name is fixed once loaded (resolving it per request cost ~0.1 ms)
         run_name = self.run_dir.resolve().name
         self.model_name = f"{run_name}/{Path(ckpt).name}" if ckpt else run_name
@@ -152,11 +149,8 @@ class Service:
         resolves as for `nmt translate` and the answers equal what it prints); nmt/workers.py."""
         from nmt.device import available_cores
 
-        inflight = limits.batch.inflight if limits.batch.inflight is not None else auto_inflight(opts)
-        if inflight and opts.engine != "native":
-            raise NmtError(f"--inflight needs the native engine, not --engine {opts.engine}")
-        count = 1 if inflight else limits.batch.workers or auto_workers(opts)  # in flight: the model in this process
-        limits = replace(limits, batch=replace(limits.batch, workers=count, inflight=inflight))
+        count = limits.batch.workers or auto_workers(opts)
+        limits = replace(limits, batch=replace(limits.batch, workers=count))
         if count == 1:
             workers = ModelWorkers.in_process(lambda: ModelHost.load(opts))
         else:
@@ -251,14 +245,6 @@ class Service:
             "attention_maps": f.attention_maps,
             "eval": [eval_summary(r) for r in read_eval_reports(self.run_dir)],
         }
-
-
-def auto_inflight(opts: Any) -> bool:
-    """`--inflight` unset: on for the native engine on CUDA, where a decoding step costs about the
-    same for few rows as for many (nmt/continuous.py); off on a CPU, where it measured slower."""
-    from nmt.device import resolve_device
-
-    return opts.engine == "native" and resolve_device(opts.device).type == "cuda"
 
 
 def auto_workers(opts: Any) -> int:

@@ -239,10 +239,6 @@ class Translator:
             ids[i] = list(seq)
         return ids, masks
 
-    def to_text(self, tokens: list[int], masked: Masked | None = None) -> str:
-        """Target piece ids → detokenised text, with `masked`'s pass-through spans put back."""
-        return _restore(self.tgt_tok.decode(_clean(tokens)), masked)
-
     def batches(self, ids: list[list[int]]) -> list[list[int]]:
         """Indices of the non-empty sequences, longest first, grouped under the decode batch limits."""
         d = self.config.decode
@@ -277,7 +273,7 @@ class Translator:
         results: list[list[tuple[str, float]]] = [[] for _ in lines]
 
         def texts(i: int, found: list) -> list[tuple[str, float]]:
-            return [(self.to_text(tokens, masks[i]), s) for tokens, s in found]
+            return [(_restore(self.tgt_tok.decode(_clean(tokens)), masks[i]), s) for tokens, s in found]
 
         heard: set[int] = set()  # lines already detokenised for `on_line`
 

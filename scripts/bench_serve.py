@@ -59,7 +59,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch-wait-ms", type=float, default=5.0)
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--workers", type=int, default=0, help="the server's --workers (0: its default)")
-    p.add_argument("--inflight", choices=("auto", "on", "off"), default="auto", help="the server's --inflight")
     p.add_argument("--rounds", type=int, default=3, help="offline, then every level; repeated, medians reported")
     return p.parse_args()
 
@@ -92,8 +91,6 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
            "--workers", str(args.workers), "--log-level", "warning"]  # fmt: skip
     if args.beam:
         cmd += ["--beam", str(args.beam)]
-    if args.inflight != "auto":
-        cmd += ["--inflight" if args.inflight == "on" else "--no-inflight"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     line = ""
@@ -246,7 +243,6 @@ def run_rounds(args: argparse.Namespace, translator: Translator, sentences: list
         post(port, "/translate", {"text": sentences[:8]})  # warm-up
         b = post(port, "/info", None)[1]["batching"]
         batching = f"{b['workers']} workers, batches <= {b['max_batch']} sentences, wait <= {b['max_wait_ms']:g} ms"
-        batching += ", beam search in flight" if b.get("inflight") else ""
         for _ in range(args.rounds):
             levels = [int(c) for c in args.concurrency.split(",")]
             expected = offline[0].outputs

@@ -333,15 +333,14 @@ class MultiHeadAttention(nn.Module):
         k, v = self._project_kv(memory)
         return k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
 
-    def self_step(self, x: Tensor, cache: KVCache, layer: int, t: int, bias: Tensor | None = None) -> Tensor:
+    def self_step(self, x: Tensor, cache: KVCache, layer: int, t: int) -> Tensor:
         """One decoding step of self-attention. x (R, 1, D) → (R, 1, D); this token's K/V are written
         at position `t` of `cache` (layer `layer`). The token attends to every cached position and
-        itself, so no mask is needed, except the positions before a row's sentence started when
-        sentences joined at different steps: `bias` (R, 1, 1, t+1) fp32, finfo.min there."""
+        itself, so no mask is needed."""
         R = x.size(0)
         qkv = self.in_proj(x).view(R, 3, self.heads, self.d_k)  # (R, 3, H, dk)
         k, v = cache.append(layer, t, qkv[:, 1:])  # (R, H, t+1, dk) each
-        out = step_attention(qkv[:, 0, :, None], k, v, bias)  # (R, H, 1, dk)
+        out = step_attention(qkv[:, 0, :, None], k, v)  # (R, H, 1, dk)
         return self.out_proj(out.reshape(R, 1, self.d_model))
 
     def cross_step(self, x: Tensor, state: DecoderState, layer: int) -> Tensor:

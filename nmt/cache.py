@@ -45,24 +45,12 @@ class KVCache:
         return self.kv[layer, 0, :, :, : t + 1], self.kv[layer, 1, :, :, : t + 1]
 
     @torch.no_grad()
-    def select(self, rows: Tensor, t: int, first: int = 0) -> None:
-        """Keep rows `rows` (R',) of the first `t` positions, in that order (repeats expand); with
-        `first` > 0, positions `first`..t-1 move to 0..t-first-1 and the earlier ones are dropped."""
-        if self.kv is None or t == first:
+    def select(self, rows: Tensor, t: int) -> None:
+        """Keep rows `rows` (R',) of the first `t` positions, in that order (repeats expand)."""
+        if self.kv is None or t == 0:
             self.kv, self.rows = None, rows.numel()
             return
-        self._move(rows, t, t - first + 1, self.kv, first)
-
-    @torch.no_grad()
-    def add_rows(self, n: int, t: int) -> None:
-        """Append `n` rows whose first `t` positions hold zeros (rows that start decoding at position
-        `t`: their attention masks those positions, and zeros keep the masked products finite)."""
-        if self.kv is None or t == 0:
-            self.kv, self.rows = None, self.rows + n
-            return
-        rows = torch.arange(self.rows + n, device=self.kv.device).clamp(max=self.rows - 1)
         self._move(rows, t, t + 1, self.kv)
-        self.kv[:, :, -n:].zero_()
 
     def views(self, t: int) -> tuple[list[Tensor], list[Tensor]]:
         """Per layer K and V views (R, H, t, dk) of the first `t` positions (empty before the first step)."""
@@ -71,15 +59,14 @@ class KVCache:
         layers = range(self.layers)
         return [self.kv[i, 0, :, :, :t] for i in layers], [self.kv[i, 1, :, :, :t] for i in layers]
 
-    def _move(self, rows: Tensor, t: int, room: int, like: Tensor, first: int = 0) -> None:
-        """Copy rows `rows` of positions first..t-1 into the spare buffer (from position 0), shaped
-        with `room` positions. `like` is the current cache (L, 2, R, H, C, dk) or a step's K/V
-        (R, 2, H, dk): dtype, H, dk."""
+    def _move(self, rows: Tensor, t: int, room: int, like: Tensor) -> None:
+        """Copy rows `rows` of positions < t into the spare buffer, shaped with `room` positions.
+        `like` is the current cache (L, 2, R, H, C, dk) or a step's K/V (R, 2, H, dk): dtype, H, dk."""
         H, dk = (like.size(3), like.size(5)) if like.dim() == 6 else (like.size(-2), like.size(-1))
         shape = (self.layers, 2, rows.numel(), H, room, dk)
         target = self._spare(shape, like)
-        if self.kv is not None and t > first:
-            torch.index_select(self.kv[:, :, :, :, first:t], 2, rows, out=target[:, :, :, :, : t - first])
+        if self.kv is not None and t > 0:
+            torch.index_select(self.kv[:, :, :, :, :t], 2, rows, out=target[:, :, :, :, :t])
         self.kv, self.rows = target, rows.numel()
 
     def _spare(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
@@ -109,8 +96,6 @@ class DecoderState:
     self_kv: KVCache
     step: int = 0  # tokens decoded so far = position of the next token
     beam: int = 1  # rows per sentence
-    offset: Tensor | None = None  # (N,) long: the cache position of each sentence's first token, if
-    # sentences joined at different steps (`join`); None: all started at position 0
 
     def reorder(self, rows: Tensor, sentences: Tensor | None = None, beam: int | None = None) -> None:
         """Row r of the new state is row `rows[r]` of the old one, in place.
@@ -132,50 +117,8 @@ class DecoderState:
             self.cross_bias = self.cross_bias.index_select(0, sentences)
             if self.cross_empty is not None:
                 self.cross_empty = self.cross_empty.index_select(0, sentences)
-        first = 0
-        if self.offset is not None:
-            if sentences is not None:
-                self.offset = self.offset.index_select(0, sentences)
-            first = int(self.offset.min()) if self.offset.numel() else 0  # positions no sentence needs
-            self.offset -= first
-        self.self_kv.select(rows, self.step, first)
-        self.step -= first
+        self.self_kv.select(rows, self.step)
         self.beam = new_beam
-
-    def join(self, new: DecoderState) -> None:
-        """Append the sentences of `new`, a state that has not decoded yet with as many rows per
-        sentence as this one: they start at this state's next position (their `offset`), behind
-        masked cache positions, and their sources are padded to a common length (or this state's)."""
-        assert new.step == 0 and new.beam == self.beam, "join a fresh state with the same beam"
-        n, S = new.src_pad.size(0), max(self.src_pad.size(1), new.src_pad.size(1))
-        old = torch.zeros(self.src_pad.size(0), dtype=torch.long, device=self.src_pad.device)
-        start = torch.full((n,), self.step, dtype=torch.long, device=old.device)
-        self.offset = torch.cat([old if self.offset is None else self.offset, start])
-        self.cross_k = [_cat_padded(a, b, S) for a, b in zip(self.cross_k, new.cross_k, strict=True)]
-        self.cross_v = [_cat_padded(a, b, S) for a, b in zip(self.cross_v, new.cross_v, strict=True)]
-        pad_value = torch.finfo(torch.float32).min
-        self.cross_bias = torch.cat([_pad_last(self.cross_bias, S, pad_value), _pad_last(new.cross_bias, S, pad_value)])
-        self.src_pad = torch.cat([_pad_last(self.src_pad, S, True), _pad_last(new.src_pad, S, True)])
-        if self.cross_empty is not None or new.cross_empty is not None:
-            ones = self.cross_bias.new_ones(self.src_pad.size(0), 1, 1, 1)
-            self.cross_empty = torch.cat([ones[: len(old)] if self.cross_empty is None else self.cross_empty,
-                                          ones[len(old):] if new.cross_empty is None else new.cross_empty])  # fmt: skip
-        self.self_kv.add_rows(new.self_kv.rows, self.step)
-
-    def positions(self) -> Tensor | None:
-        """(R,) the position of each row's next token within its sentence; None: `step` for all."""
-        if self.offset is None:
-            return None
-        return self.step - self.offset.repeat_interleave(self.beam)
-
-    def self_bias(self) -> Tensor | None:
-        """(R, 1, 1, step+1) fp32 added to self-attention scores at this step: finfo.min at the cache
-        positions before a row's sentence started, 0 elsewhere; None when no row has such positions."""
-        if self.offset is None or not bool(self.offset.any()):
-            return None
-        before = torch.arange(self.step + 1, device=self.offset.device) < self.offset.repeat_interleave(self.beam)[:, None]
-        bias = torch.zeros(before.shape, dtype=torch.float32, device=before.device)
-        return bias.masked_fill_(before, torch.finfo(torch.float32).min)[:, None, None, :]
 
     @property
     def batch_size(self) -> int:
@@ -190,16 +133,3 @@ class DecoderState:
     @property
     def self_v(self) -> list[Tensor]:
         return self.self_kv.views(self.step)[1]
-
-
-def _pad_last(t: Tensor, size: int, value: float | bool) -> Tensor:
-    """`t` with its last dimension padded with `value` up to `size`."""
-    if t.size(-1) == size:
-        return t
-    return torch.cat([t, t.new_full((*t.shape[:-1], size - t.size(-1)), value)], dim=-1)
-
-
-def _cat_padded(a: Tensor, b: Tensor, S: int) -> Tensor:
-    """Two (N, H, S_i, dk) cross-attention K or V tensors → (Na + Nb, H, S, dk), zeros as padding."""
-    pad = [x if x.size(2) == S else torch.cat([x, x.new_zeros(*x.shape[:2], S - x.size(2), x.size(3))], 2) for x in (a, b)]
-    return torch.cat(pad)

@@ -106,10 +106,9 @@ class DecoderLayer(nn.Module):
         x = self.cross_block(x, lambda h: self.cross_attn(h, memory, key_pad=src_pad, query_pad=tgt_pad))
         return self.ffn_block(x, self.ffn)
 
-    def step(self, x: Tensor, state: DecoderState, i: int, self_bias: Tensor | None = None) -> Tensor:
-        """x (R, 1, D) → (R, 1, D); writes this token's self-attention K/V into layer i's cache.
-        `self_bias` (R, 1, 1, step+1): `DecoderState.self_bias`, the same for every layer."""
-        x = self.self_block(x, lambda h: self.self_attn.self_step(h, state.self_kv, i, state.step, self_bias))
+    def step(self, x: Tensor, state: DecoderState, i: int) -> Tensor:
+        """x (R, 1, D) → (R, 1, D); writes this token's self-attention K/V into layer i's cache."""
+        x = self.self_block(x, lambda h: self.self_attn.self_step(h, state.self_kv, i, state.step))
         x = self.cross_block(x, lambda h: self.cross_attn.cross_step(h, state, i))
         return self.ffn_block(x, self.ffn)
 
@@ -168,19 +167,13 @@ class Transformer(nn.Module):
 
     # ----------------------------------------------------------------------- embeddings, logits
 
-    def _embed(
-        self, tokens: Tensor, table: nn.Embedding, positions: nn.Embedding | None, start: int | Tensor = 0
-    ) -> Tensor:
-        """(B, L) ids → (B, L, D) scaled token embedding + position (start, start+1, ...) + dropout.
-        `start` may be a (B,) tensor (one token per row, L = 1): each row's own position."""
+    def _embed(self, tokens: Tensor, table: nn.Embedding, positions: nn.Embedding | None, start: int = 0) -> Tensor:
+        """(B, L) ids → (B, L, D) scaled token embedding + position (start, start+1, ...) + dropout."""
         L = tokens.size(1)
-        last = int(start.max()) if isinstance(start, Tensor) else start
-        if last + L > self.max_positions:
-            raise NmtError(f"sequence of {last + L} tokens exceeds model.max_positions={self.max_positions}")
+        if start + L > self.max_positions:
+            raise NmtError(f"sequence of {start + L} tokens exceeds model.max_positions={self.max_positions}")
         x = table(tokens) * self.embed_scale  # (B, L, D)
         table_pos = self.sinusoids if positions is None else positions.weight  # (P, D)
-        if isinstance(start, Tensor):
-            return x + table_pos.index_select(0, start).to(x.dtype)[:, None]  # (B, 1, D)
         pos = table_pos[start : start + L].to(x.dtype)  # (L, D)
         x = x + pos[None]
         return self.dropout(x) if self.training else x
@@ -246,14 +239,10 @@ class Transformer(nn.Module):
         )
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
-        """tokens (B,) at position `state.step` (each row's own position when sentences joined at
-        different steps, `DecoderState.join`) → next-token logits (B, V) in fp32; advances the state."""
-        positions = state.positions()
-        start = state.step if positions is None else positions
-        x = self._embed(tokens[:, None], self.tgt_embed, self.tgt_positions, start=start)  # (B, 1, D)
-        bias = state.self_bias()  # (B, 1, 1, step+1) or None
+        """tokens (B,) at position `state.step` → next-token logits (B, V) in fp32; advances the state."""
+        x = self._embed(tokens[:, None], self.tgt_embed, self.tgt_positions, start=state.step)  # (B, 1, D)
         for i, layer in enumerate(self.decoder.layers):
-            x = layer.step(x, state, i, bias)
+            x = layer.step(x, state, i)
         state.step += 1
         return self._logits(self.decoder.norm(x))[:, 0].float()  # (B, V)
 

@@ -83,19 +83,15 @@ def max_lengths(model: Any, src: Tensor, max_len_a: float, max_len_b: float) -> 
     return limit.clamp(min=0)
 
 
-def constrain(lp: Tensor, step: int | Tensor, min_len: int, max_len: Tensor, earliest_max: int = 0) -> Tensor:
-    """Apply the length rules to log-probs (or logits) `lp` (R, V) of the token at output position
-    `step` (one for all rows, or (R,) each row's own).
+def constrain(lp: Tensor, step: int, min_len: int, max_len: Tensor, earliest_max: int = 0) -> Tensor:
+    """Apply the length rules to log-probs (or logits) `lp` (R, V) of the token at output position `step`.
 
     `max_len` (R,) is each row's limit: a row with `step >= max_len` can only emit EOS. The rule is
     skipped while `step < earliest_max` (a lower bound of `max_len`, known on the host).
     """
-    per_row = isinstance(step, Tensor)
-    eos_lp = lp[:, EOS_ID].clone() if per_row or step >= earliest_max else None  # (R,): max_len wins over min_len
+    eos_lp = lp[:, EOS_ID].clone() if step >= earliest_max else None  # (R,): max_len wins over min_len
     lp.index_fill_(1, _NEVER.to(lp.device), NEG_INF)  # PAD, BOS
-    if per_row:
-        lp[:, EOS_ID] = lp[:, EOS_ID].masked_fill(step < min_len, NEG_INF)
-    elif step < min_len:
+    if step < min_len:
         lp[:, EOS_ID] = NEG_INF
     if eos_lp is not None:
         force = step >= max_len  # (R,): only EOS left (no host sync: masks, not branches)
@@ -189,17 +185,13 @@ class _Finished:
         return _Finished(self.score[keep], self.logprob[keep], self.tokens[keep], self.length[keep])
 
 
-def _add_finished(
-    fin: _Finished, new_score: Tensor, new_logprob: Tensor, new_tokens: Tensor, step: int | Tensor
-) -> _Finished:
-    """Merge new EOS hypotheses (N, K) of length `step` (or (N,) each sentence's) into `fin`,
-    keeping the best K (stable)."""
+def _add_finished(fin: _Finished, new_score: Tensor, new_logprob: Tensor, new_tokens: Tensor, step: int) -> _Finished:
+    """Merge new EOS hypotheses (N, K) of length `step` into `fin`, keeping the best K (stable)."""
     K = fin.score.size(1)
     score = torch.cat([fin.score, new_score], dim=1)  # (N, 2K)
     order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :K]  # (N, K)
     logprob = torch.cat([fin.logprob, new_logprob], dim=1).gather(1, order)
-    new_length = torch.zeros_like(fin.length) + (step[:, None] if isinstance(step, Tensor) else step)
-    length = torch.cat([fin.length, new_length], dim=1).gather(1, order)
+    length = torch.cat([fin.length, torch.full_like(fin.length, step)], dim=1).gather(1, order)
     tokens = torch.cat([fin.tokens, new_tokens], dim=1)  # (N, 2K, T)
     tokens = tokens.gather(1, order.unsqueeze(-1).expand(-1, -1, tokens.size(2)))
     return _Finished(score.gather(1, order), logprob, tokens, length)
@@ -286,28 +278,20 @@ def beam_search(
 
 
 def _finish_eos(
-    fin: _Finished, score: Tensor, beam_idx: Tensor, tok: Tensor, hist: Tensor, step: int | Tensor, len_penalty: float
+    fin: _Finished, score: Tensor, beam_idx: Tensor, tok: Tensor, hist: Tensor, step: int, len_penalty: float
 ) -> _Finished:
     """Store the EOS candidates among the top K of this step (all (N, K)) as finished hypotheses.
-    `hist` (N*k, T) holds the k open beams of each sentence that `beam_idx` points into; `step` is
-    the output position, one for all or (N,) each sentence's."""
+    `hist` (N*k, T) holds the k open beams of each sentence that `beam_idx` points into."""
     is_eos = (tok == EOS_ID) & _open(score)  # (N, K)
     if not bool(is_eos.any()):
         return fin
     N, K = score.shape
-    if isinstance(step, Tensor):  # length counts the EOS; fp64 power as for one step below
-        norm = score / ((step + 1).double() ** len_penalty).float()[:, None]
-    else:
-        norm = score / float(step + 1) ** len_penalty
+    norm = score / float(step + 1) ** len_penalty  # length counts the EOS
     new_score = torch.where(is_eos, norm, torch.full_like(norm, NEG_INF))
     k = hist.size(0) // N  # open beams per sentence before this step
     rows = (torch.arange(N, device=score.device).unsqueeze(1) * k + beam_idx).view(-1)  # (N*K,)
     new_tokens = hist[rows].view(N, K, -1).clone()  # (N, K, T)
-    if isinstance(step, Tensor):
-        after = torch.arange(new_tokens.size(2), device=step.device) >= step[:, None, None]  # (N, 1, T)
-        new_tokens.masked_fill_(after, PAD_ID)
-    else:
-        new_tokens[:, :, step:] = PAD_ID
+    new_tokens[:, :, step:] = PAD_ID
     return _add_finished(fin, new_score, score, new_tokens, step)
 
 

@@ -78,8 +78,8 @@ OVERRIDES = [
     "train.eval_every=8",
     "train.eval_sentences=8",
     "train.seed=5",
-    "train.device=cpu",
-]  # fmt: skip  (gloo, also where CUDA is)
+    "train.device=cpu",  # gloo on the CPU, also on a machine with a GPU
+]
 
 
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to python")

@@ -52,9 +52,10 @@ def init_distributed(device: torch.device) -> tuple[DistInfo, torch.device]:
     if info.world_size == 1:
         return info, device
     if device.type == "cuda":
-        if info.local_rank >= torch.cuda.device_count():
+        gpus = torch.cuda.device_count()
+        if info.local_rank >= gpus:
             raise NmtError(
-                f"LOCAL_RANK={info.local_rank} but this machine has {torch.cuda.device_count()} CUDA device(s): "
+                f"LOCAL_RANK={info.local_rank} but this machine has {gpus} CUDA device(s): "
                 "start at most one process per GPU (torchrun --nproc_per_node), or train on the CPU (train.device=cpu)"
             )
         device = torch.device("cuda", info.local_rank)

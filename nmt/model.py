@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from nmt import PAD_ID
 from nmt.attention import MultiHeadAttention, resolve_backend
+from nmt.batching import length_groups
 from nmt.cache import DecoderState, KVCache
 from nmt.config import Config, ModelConfig
 from nmt.errors import NmtError
@@ -205,6 +206,28 @@ class Transformer(nn.Module):
         for layer in self.encoder.layers:
             x = layer(x, src_pad)
         return EncoderOut(memory=self.encoder.norm(x), src_pad=src_pad)
+
+    def encode_by_length(self, src: Tensor) -> EncoderOut:
+        """`encode` for decoding a batch of mixed lengths (e.g. a server's batch in arrival order):
+        rows run in groups of similar length (`nmt.batching.length_groups`), so that short sources
+        do not pay for the longest one's padding. Real positions get what `encode` gives them; what
+        `memory` holds at padding differs (the masks never read it). src (B, S) → memory (B, S, D),
+        src_pad (B, S)."""
+        lengths = (src != PAD_ID).sum(dim=1).tolist()  # (B,) real tokens, EOS included
+        groups = length_groups(lengths)
+        if len(groups) == 1:
+            return self.encode(src)
+        memory: Tensor | None = None
+        src_pad = torch.ones_like(src, dtype=torch.bool)  # (B, S)
+        for group in groups:
+            rows, width = torch.tensor(group, device=src.device), lengths[group[0]]
+            part = self.encode(src[rows, :width])  # (G, W, D)
+            if memory is None:
+                memory = part.memory.new_zeros(*src.shape, part.memory.size(-1))  # (B, S, D)
+            memory[rows, :width] = part.memory
+            src_pad[rows, :width] = part.src_pad
+        assert memory is not None
+        return EncoderOut(memory=memory, src_pad=src_pad)
 
     def decode(self, tgt_in: Tensor, enc: EncoderOut, keep: Tensor | None = None) -> Tensor:
         """Teacher-forced decoder: tgt_in (B, T) → logits (B, T, V), or (N, V) at the N positions

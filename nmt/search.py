@@ -3,6 +3,7 @@
 Both searches drive any model with the decoding protocol of `nmt.model.Transformer`:
 
     enc = model.encode(src)                 # src (B, S): ids + [EOS], right-padded with PAD
+                                            # (`model.encode_by_length(src)` where the model has it)
     state = model.start_decoding(enc)       # cross-attention K/V computed once; one row per sentence
     logits = model.decode_step(tok, state)  # tok (R,) → (R, V) fp32 logits; appends to the cache
     state.reorder(rows)                     # row r becomes old row rows[r], in place; with one row
@@ -115,6 +116,11 @@ def block_repeated_ngrams(lp: Tensor, hist: Tensor, n: int) -> Tensor:
     return lp.scatter(1, banned, NEG_INF)
 
 
+def _encode(model: Any, src: Tensor) -> Any:
+    """The encoder output for `src` (B, S), by length groups where the model can (less padding)."""
+    return getattr(model, "encode_by_length", model.encode)(src)
+
+
 def _log_probs(model: Any, tokens: Tensor, state: Any) -> Tensor:
     logits = model.decode_step(tokens, state)  # (R, V)
     return torch.log_softmax(logits.float(), dim=-1)
@@ -133,7 +139,7 @@ def greedy_search(
     steps = int(max_len.max().item()) + 1 if B else 0
     earliest = int(max_len.min().item()) if B else 0
     out = torch.full((B, steps), PAD_ID, dtype=torch.long, device=src.device)  # (B, T)
-    state = model.start_decoding(model.encode(src))
+    state = model.start_decoding(_encode(model, src))
     rows = torch.arange(B, device=src.device)  # original index of each row still decoded
     tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=src.device)  # (R,)
     ended = torch.zeros(B, dtype=torch.bool, device=src.device)  # (R,): has emitted EOS
@@ -235,7 +241,7 @@ def beam_search(
     max_len = max_lengths(model, src, max_len_a, max_len_b)  # (B,)
     steps = int(max_len.max().item()) + 1 if B else 0
     earliest = int(max_len.min().item()) if B else 0
-    state = model.start_decoding(model.encode(src))  # B rows: step 0 runs once per sentence
+    state = model.start_decoding(_encode(model, src))  # B rows: step 0 runs once per sentence
     sent = torch.arange(B, device=dev)  # original index of each live sentence (N,)
     scores = torch.zeros(B, 1, device=dev)  # (N, k): k = 1 open beam at step 0, K afterwards
     hist = torch.full((B, steps), PAD_ID, dtype=torch.long, device=dev)  # (N*k, T)

@@ -73,6 +73,24 @@ def test_padding_invariance(backend):
             torch.testing.assert_close(model(s_i, t_i)[0], logits[i, : t_i.size(1)], atol=1e-5, rtol=1e-5)
 
 
+def test_encode_by_length_runs_length_groups_and_equals_encode(monkeypatch):
+    model = make_model()
+    lengths = [2, 20, 3, 18, 19, 4, 2, 17, 3, 21]
+    src = torch.full((len(lengths), max(lengths)), PAD_ID)
+    for i, n in enumerate(lengths):
+        src[i, :n] = torch.randint(4, SRC_V, (n,))
+    with torch.no_grad():
+        whole = model.encode(src)
+        calls: list[int] = []
+        plain = model.encode
+        monkeypatch.setattr(model, "encode", lambda s: calls.append(s.size(1)) or plain(s))
+        grouped = model.encode_by_length(src)
+    assert sorted(calls) == [4, 21]  # two groups, each as wide as its longest source
+    assert torch.equal(grouped.src_pad, whole.src_pad)
+    real = ~whole.src_pad
+    torch.testing.assert_close(grouped.memory[real], whole.memory[real], atol=1e-5, rtol=1e-5)
+
+
 def step_logits(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, reorder_at: int, index: torch.Tensor):
     """Feed tgt (B, T) one token at a time; after `reorder_at` steps reorder the cache with `index`
     and continue with tgt[index]. Returns the step logits (B', T, V) of the final row order."""

@@ -330,21 +330,18 @@ def test_transformer_batch_invariance(trained_transformer, trained):
         assert [h.score for h in alone] == pytest.approx([h.score for h in b_all[i]], abs=1e-4)
 
 
-def test_batch_invariance_with_encoder_length_groups(trained_transformer):
+def test_batch_invariance_with_encoder_length_groups(trained_transformer, monkeypatch):
     """A batch mixing long and short sources is encoded in length groups (`encode_by_length`);
     each sentence still decodes exactly as it does alone."""
     gen = torch.Generator().manual_seed(11)
     sources = [torch.randint(4, 20, (n,), generator=gen).tolist() for n in (2, 18, 3, 16, 17, 2, 4, 15, 3, 19)]
     together = batch(*sources)
-    groups = []
+    groups: list[int] = []
     plain = trained_transformer.encode
-    trained_transformer.encode = lambda src: groups.append(src.size(0)) or plain(src)
-    try:
-        b_all = beam_search(trained_transformer, together, beam=3, nbest=2)
-        g_all = greedy_search(trained_transformer, together)
-    finally:
-        del trained_transformer.encode
-    assert groups[:2] == [5, 5]  # the long and the short half, encoded apart
+    monkeypatch.setattr(trained_transformer, "encode", lambda src: groups.append(src.size(0)) or plain(src))
+    b_all = beam_search(trained_transformer, together, beam=3, nbest=2)
+    g_all = greedy_search(trained_transformer, together)
+    assert groups == [5, 5, 5, 5]  # each search: the long and the short half, encoded apart
     for i, s in enumerate(sources):
         assert greedy_search(trained_transformer, batch(s)) == [g_all[i]]
         alone = beam_search(trained_transformer, batch(s), beam=3, nbest=2)[0]

@@ -217,16 +217,14 @@ class Transformer(nn.Module):
         groups = length_groups(lengths)
         if len(groups) == 1:
             return self.encode(src)
-        memory: Tensor | None = None
+        rows = [torch.tensor(group, device=src.device) for group in groups]
+        widths = [lengths[group[0]] for group in groups]
+        parts = [self.encode(src[r, :w]) for r, w in zip(rows, widths, strict=True)]  # (G, W, D) each
+        memory = parts[0].memory.new_zeros(*src.shape, parts[0].memory.size(-1))  # (B, S, D)
         src_pad = torch.ones_like(src, dtype=torch.bool)  # (B, S)
-        for group in groups:
-            rows, width = torch.tensor(group, device=src.device), lengths[group[0]]
-            part = self.encode(src[rows, :width])  # (G, W, D)
-            if memory is None:
-                memory = part.memory.new_zeros(*src.shape, part.memory.size(-1))  # (B, S, D)
-            memory[rows, :width] = part.memory
-            src_pad[rows, :width] = part.src_pad
-        assert memory is not None
+        for r, w, part in zip(rows, widths, parts, strict=True):
+            memory[r, :w] = part.memory
+            src_pad[r, :w] = part.src_pad
         return EncoderOut(memory=memory, src_pad=src_pad)
 
     def decode(self, tgt_in: Tensor, enc: EncoderOut, keep: Tensor | None = None) -> Tensor:

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from nmt.cache import DecoderState, KVCache
 from nmt.config import ConfigError
+from nmt.host import best_time, probe
 from nmt.masks import attention_mask_from_padding, causal_mask, decoder_self_mask
 
 BACKENDS = ("auto", "math", "sdpa", "flash")
@@ -71,8 +72,6 @@ def resolve_backend(
 
 @functools.cache
 def _cpu_choice(dtype: torch.dtype, head_dim: int, grad: bool) -> str:
-    from nmt.device import probe
-
     name = f"cpu-attention {str(dtype).removeprefix('torch.')} dk{head_dim} {'train' if grad else 'infer'}"
     return str(probe(name, lambda: faster_dense_backend(dtype, head_dim, grad)))
 
@@ -82,8 +81,6 @@ def faster_dense_backend(
 ) -> str:
     """ "math" or "sdpa": the faster on this CPU for a batch `shape` = (B, H, T) of encoder
     self-attention with key padding, in `dtype`, forward (+ backward when `grad`)."""
-    from nmt.device import best_time
-
     B, H, T = shape
     q, k, v = (torch.randn(B, H, T, head_dim, dtype=dtype, requires_grad=grad) for _ in range(3))
     mask = torch.ones(B, 1, 1, T, dtype=torch.bool)

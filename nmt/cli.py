@@ -324,6 +324,16 @@ def serve(
 
 @app.command()
 @user_errors
+def doctor() -> None:
+    """What this machine runs: the CPU, each hardware-dependent kernel (or why not), and the
+    decoding precisions it offers with their measured speed on a small FFN."""
+    from nmt.device import describe_host
+
+    typer.echo(describe_host())
+
+
+@app.command()
+@user_errors
 def plot(
     run: RunOpt = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Directory (default <run>/plots).")] = None,

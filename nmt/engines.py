@@ -21,7 +21,7 @@ import torch
 
 from nmt.batching import pad_sources  # re-exported: the one padded source batch
 from nmt.config import DecodeConfig
-from nmt.device import inference_model, resolve_inference_precision
+from nmt.device import decoding_model, resolve_inference_precision
 from nmt.search import Hypothesis, beam_search, greedy_search
 
 ENGINES = ("native", "ctranslate2")
@@ -44,7 +44,7 @@ class NativeEngine:
         cfg = getattr(model, "cfg", None)
         shape = (cfg.d_model, cfg.ffn_dim) if cfg is not None else (512, 2048)
         self.precision = resolve_inference_precision(device, precision, shape)
-        self.model = inference_model(model, device, self.precision)
+        self.model = decoding_model(model, device, self.precision)
         self.decode, self.device = decode, device
 
     def search(

@@ -190,7 +190,7 @@ class Transformer(nn.Module):
         """Inference only: expose every matmul that runs through `F.linear` on a weight slice or a
         tied weight as an `nn.Linear` module sharing the same weights (cross-attention Q and K/V
         rows, the output projection), so that module-level conversions such as
-        `nmt.device.quantize_int8` reach them. The outputs do not change."""
+        `nmt.convert.quantize_int8` reach them. The outputs do not change."""
         for layer in self.decoder.layers:
             layer.cross_attn.split_projections()
         weight = self.tgt_embed.weight if self.output_proj is None else self.output_proj.weight

@@ -6,10 +6,18 @@ Each stage is skipped when its stamp says it already ran on the same inputs, so 
 
 from __future__ import annotations
 
+import contextlib
+import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from nmt.config import Config, config_to_dict
+from nmt.errors import NmtError
+from nmt.files import atomic_write_text
 from nmt.runs import hash_files, is_fresh, stamp_path, write_stamp
+
+T = TypeVar("T")
 
 
 def run_pipeline(config: Config, run_dir: Path, mirror: str | None = None) -> dict:
@@ -25,10 +33,30 @@ def run_pipeline(config: Config, run_dir: Path, mirror: str | None = None) -> di
     _log_stage("train")
     stages["train"] = train_stage(config, run_dir)
     _log_stage("select")
-    stages["select"] = select_stage(config, run_dir)
+    stages["select"] = _after_training(run_dir, "select", lambda: select_stage(config, run_dir))
     _log_stage("eval")
-    stages["eval"], report = eval_stage(config, run_dir)
+    stages["eval"], report = _after_training(run_dir, "eval", lambda: eval_stage(config, run_dir))
     return {"stages": stages, "eval": report}
+
+
+def _after_training(run_dir: Path, stage: str, fn: Callable[[], T]) -> T:
+    """Run a stage that follows training; if it fails, the trained run stays as it is and the
+    error is one line naming the command that finishes the rest (the traceback goes to
+    `<run>/pipeline-error.log`, for a bug report), never a traceback that hides 20 minutes of work."""
+    try:
+        return fn()
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # noqa: BLE001 — reported in one line; the details are in the log
+        log = run_dir / "pipeline-error.log"
+        with contextlib.suppress(OSError):
+            atomic_write_text(log, traceback.format_exc())
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        details = "" if isinstance(e, NmtError) else f" (traceback in {log})"
+        raise NmtError(
+            f"pipeline stage {stage!r} failed: {reason}{details}. Training is finished and kept in {run_dir}; "
+            f"once fixed, `nmt pipeline --run {run_dir}` does the rest (finished stages are skipped)"
+        ) from None
 
 
 def _log_stage(name: str) -> None:

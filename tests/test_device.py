@@ -91,19 +91,19 @@ def test_auto_precision_resolves_to_a_concrete_one():
 @pytest.fixture
 def probe_dir(tmp_path, monkeypatch):
     """Probes cached in a fresh directory and a fresh process cache."""
-    import nmt.device as device
+    from nmt import host
 
     monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(device, "_PROBES", {})
+    monkeypatch.setattr(host, "_PROBES", {})
     return tmp_path
 
 
 def test_inference_precision_checks_the_device():
-    from nmt.device import resolve_inference_precision
+    from nmt.device import cpu_precisions, resolve_inference_precision
 
     cpu = torch.device("cpu")
-    for p in ("fp32", "bf16", "int8"):
-        assert resolve_inference_precision(cpu, p) == p
+    for p in cpu_precisions():
+        assert resolve_inference_precision(cpu, p, (32, 64)) == p
     for bad, device in (("fp8", cpu), ("fp16", cpu), ("int8", torch.device("cuda"))):
         with pytest.raises(NmtError, match="--precision"):
             resolve_inference_precision(device, bad)
@@ -111,32 +111,55 @@ def test_inference_precision_checks_the_device():
 
 def test_auto_precision_is_measured_once_and_cached_on_disk(probe_dir, monkeypatch):
     import nmt.device as device
+    from nmt import host
 
     calls = []
-    monkeypatch.setattr(device, "_fastest_precision", lambda d, f: calls.append((d, f)) or "int8")
+    monkeypatch.setattr(device, "_time_precisions", lambda d, f: calls.append((d, f)) or {"fp32": 2.0, "int8": 1.0})
     cpu = torch.device("cpu")
     assert device.resolve_inference_precision(cpu, "auto", (32, 64)) == "int8"
     assert device.resolve_inference_precision(cpu, "auto", (32, 64)) == "int8"
     assert calls == [(32, 64)]  # cached in the process
-    monkeypatch.setattr(device, "_PROBES", {})
+    monkeypatch.setattr(host, "_PROBES", {})
     assert device.resolve_inference_precision(cpu, "auto", (32, 64)) == "int8"
     assert calls == [(32, 64)]  # and on disk, keyed by machine and shape
-    assert device.cpu_model() in (probe_dir / "probes.json").read_text()
+    assert host.current().fingerprint in (probe_dir / "probes.json").read_text()
     assert device.resolve_inference_precision(cpu, "auto", (16, 64)) == "int8" and len(calls) == 2
 
 
-def test_fastest_precision_really_times_the_three(probe_dir):
-    from nmt.device import _fastest_precision
+def test_decode_times_really_time_every_precision_this_host_runs(probe_dir):
+    from nmt.device import cpu_precisions, decode_times
 
-    assert _fastest_precision(32, 64) in ("fp32", "bf16", "int8")
+    times = decode_times((32, 64))
+    assert list(times) == cpu_precisions() and all(t > 0 for t in times.values())
 
 
-def test_int8_linear_rows_do_not_depend_on_the_batch_and_stay_close_to_fp32():
-    from nmt.device import Int8Linear
+def test_an_explicit_precision_far_slower_than_fp32_says_so_once(probe_dir, monkeypatch, capsys):
+    import nmt.device as device
 
+    monkeypatch.setattr(device, "_time_precisions", lambda d, f: {"fp32": 1.0, "bf16": 30.0, "int8": 0.5})
+    monkeypatch.setattr(device, "cpu_precisions", lambda: ["fp32", "bf16", "int8"])
+    device.warn_once.cache_clear()
+    cpu = torch.device("cpu")
+    assert device.resolve_inference_precision(cpu, "bf16", (8, 16)) == "bf16"
+    assert device.resolve_inference_precision(cpu, "bf16", (8, 16)) == "bf16"
+    assert device.resolve_inference_precision(cpu, "fp32", (8, 16)) == "fp32"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bf16 runs 30.0x slower than fp32" in err and "int8 is the fastest" in err
+
+
+INT8_LAYER_KERNELS = ["int8-fbgemm", "int8-qnnpack", "int8-onednn"]
+
+
+@pytest.mark.parametrize("kernel", INT8_LAYER_KERNELS)
+def test_int8_linear_rows_do_not_depend_on_the_batch_and_stay_close_to_fp32(kernel):
+    from nmt import host
+    from nmt.convert import Int8Linear
+
+    if not host.current().has(kernel):
+        pytest.skip(f"{kernel} does not run here: {host.current().why_not(kernel)}")
     torch.manual_seed(0)
     linear = torch.nn.Linear(48, 20)
-    layer, x = Int8Linear(linear), torch.randn(9, 48)
+    layer, x = Int8Linear(linear, kernel), torch.randn(9, 48)
     with torch.no_grad():
         together = layer(x)
         alone = torch.cat([layer(x[i : i + 1]) for i in range(9)])
@@ -146,11 +169,12 @@ def test_int8_linear_rows_do_not_depend_on_the_batch_and_stay_close_to_fp32():
         torch.testing.assert_close(together, linear(x.clone().div_(torch.tensor([1000.0] + [1.0] * 8)[:, None])),
                                    atol=0.05, rtol=0.05)  # fmt: skip
         assert layer(x.view(3, 3, 48)).shape == (3, 3, 20)
+        assert torch.equal(layer(torch.zeros(2, 48)), linear.bias.expand(2, 20))  # an all-zero row: the bias
 
 
 def test_int8_quantises_every_linear_layer_and_packing_keeps_outputs():
     from nmt.config import ModelConfig
-    from nmt.device import Int8Linear, PackedLinear, inference_model, packing_works
+    from nmt.convert import Int8Linear, PackedLinear, can_pack, inference_model
     from nmt.model import Transformer
 
     cfg = ModelConfig(d_model=32, heads=2, encoder_layers=1, decoder_layers=1, ffn_dim=64, dropout=0.0)
@@ -163,22 +187,22 @@ def test_int8_quantises_every_linear_layer_and_packing_keeps_outputs():
         assert isinstance(int8.logits_proj, Int8Linear)  # the tied projection too
         torch.testing.assert_close(int8(src, tgt), expected, atol=0.2, rtol=0.1)
         packed = inference_model(copy.deepcopy(ref), torch.device("cpu"), "fp32")
-        if packing_works():
+        if can_pack(torch.float32):
             assert not any(type(m) is torch.nn.Linear for m in packed.modules())
             assert isinstance(packed.logits_proj, PackedLinear)
         torch.testing.assert_close(packed(src, tgt), expected, atol=1e-4, rtol=1e-4)
         bf16 = inference_model(copy.deepcopy(ref), torch.device("cpu"), "bf16")
-        assert bf16.decoder.layers[0].cross_attn.q_proj is not None
+        assert isinstance(bf16.logits_proj, PackedLinear) == can_pack(torch.bfloat16)  # unpacked where it cannot
         torch.testing.assert_close(bf16(src, tgt).float(), expected, atol=0.1, rtol=0.1)
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_packing_fuses_relu_into_fc1_with_identical_outputs(activation):
-    from nmt.device import PackedLinear, pack_linears, packing_works
+    from nmt.convert import PackedLinear, can_pack, pack_linears
     from nmt.model import FeedForward
 
-    if not packing_works():
-        pytest.skip("this torch build has no oneDNN pre-packed linear")
+    if not can_pack(torch.float32):
+        pytest.skip("this host has no oneDNN pre-packed fp32 linear")
     torch.manual_seed(0)
     ffn = FeedForward(32, 64, activation).eval()
     x = torch.randn(7, 1, 32)

@@ -1,0 +1,227 @@
+"""Hosts we do not have: kernels that fail as they do on real CPUs, and whole commands run there.
+
+`NMT_HOST_WITHOUT` simulates a host without some kernels (child processes inherit it), and
+`failing_bf16_packing` makes oneDNN's bf16 packing raise exactly as it does on an AVX2-only CPU,
+so that these tests prove the fallbacks on any machine, AVX-512 included.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from nmt import host
+from nmt.errors import NmtError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LINES = ["我们九点见。", "猫在桌子上。", "他明天去北京。"]
+AVX2_MESSAGE = "mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
+SIMULATED = ["avx2-only", "no-avx2", "aarch64"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_host(tmp_path, monkeypatch):
+    """Every test detects the host anew and measures into its own probe cache."""
+    monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(host.ENV, raising=False)
+    host.forget()
+    yield
+    host.forget()
+
+
+@pytest.fixture
+def failing_bf16_packing(monkeypatch):
+    """oneDNN's weight packing raising for bf16 as it does on an AVX2 CPU (AMD EPYC Zen 3)."""
+    real = torch.ops.mkldnn._reorder_linear_weight
+
+    def reorder(weight, *args):
+        if weight.dtype == torch.bfloat16:
+            raise RuntimeError(AVX2_MESSAGE)
+        return real(weight, *args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", reorder)
+    host.forget()
+
+
+def simulate(monkeypatch, preset: str) -> host.Host:
+    monkeypatch.setenv(host.ENV, preset)
+    host.forget()
+    return host.current()
+
+
+# --------------------------------------------------------------------------- detection
+
+
+def test_a_kernel_that_raises_is_missing_with_its_reason(failing_bf16_packing):
+    here = host.current()
+    assert not here.has("pack-bf16") and here.why_not("pack-bf16") == AVX2_MESSAGE
+    assert "pack-bf16" not in here.fingerprint
+
+
+def test_presets_and_names_disable_kernels_and_unknown_ones_are_refused(monkeypatch):
+    assert not simulate(monkeypatch, "aarch64").has("pack-fp32")
+    assert not host.current().has("int8-fbgemm") and host.current().has("int8-qnnpack") == host._detect("").has(
+        "int8-qnnpack"
+    )
+    here = simulate(monkeypatch, "int8-onednn, avx2-only")
+    assert not here.has("int8-onednn") and not here.has("pack-bf16")
+    assert "disabled by NMT_HOST_WITHOUT" in here.why_not("pack-bf16")
+    with pytest.raises(ValueError, match="unknown kernel or preset 'avx9'"):
+        simulate(monkeypatch, "avx9")
+    with pytest.raises(KeyError):
+        host.current  # noqa: B018 — the name exists; asking for an unknown kernel does not
+        host._detect("").has("avx9")
+
+
+def test_measurements_are_not_shared_between_hosts_with_different_kernels(monkeypatch):
+    calls: list[str] = []
+    for preset in ("", "bare", ""):
+        simulate(monkeypatch, preset)
+        host.probe("test-probe", lambda p=preset: calls.append(p) or p)
+    assert calls == ["", "bare"]  # the third came from the cache of the first host
+
+
+# --------------------------------------------------------------------------- choosing a precision
+
+
+@pytest.mark.parametrize("preset", SIMULATED)
+def test_auto_picks_a_precision_that_runs_and_an_int8_kernel_the_host_has(monkeypatch, preset):
+    from nmt.device import cpu_precisions, fastest_int8_kernel, resolve_inference_precision
+
+    here = simulate(monkeypatch, preset)
+    chosen = resolve_inference_precision(torch.device("cpu"), "auto", (32, 64))
+    assert chosen in cpu_precisions()
+    if "int8" in cpu_precisions():
+        assert here.has(fastest_int8_kernel((32, 64)))
+
+
+def test_auto_survives_the_real_avx2_failure(failing_bf16_packing, capsys):
+    from nmt.convert import PackedLinear, inference_model
+    from nmt.device import resolve_inference_precision
+
+    assert resolve_inference_precision(torch.device("cpu"), "auto", (32, 64)) in ("fp32", "bf16", "int8")
+    model = inference_model(torch.nn.Sequential(torch.nn.Linear(8, 4)), torch.device("cpu"), "bf16")
+    assert not isinstance(model[0], PackedLinear)  # bf16 runs unpacked where packing fails
+    assert model(torch.randn(2, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_a_precision_that_cannot_run_is_one_line_naming_why(monkeypatch):
+    from nmt.device import resolve_inference_precision
+
+    simulate(monkeypatch, "matmul-bf16,int8-fbgemm,int8-qnnpack,int8-onednn")
+    for precision in ("bf16", "int8"):
+        with pytest.raises(NmtError, match=f"--precision {precision}: this CPU .* cannot run it") as err:
+            resolve_inference_precision(torch.device("cpu"), precision)
+        assert "\n" not in str(err.value) and str(err.value).endswith("use fp32")
+    assert resolve_inference_precision(torch.device("cpu"), "auto", (32, 64)) == "fp32"
+
+
+def test_training_in_bf16_where_no_bf16_matmul_runs_is_refused(monkeypatch):
+    from nmt.device import check_precision
+
+    simulate(monkeypatch, "matmul-bf16")
+    with pytest.raises(NmtError, match="train.precision: bf16 does not run on this CPU"):
+        check_precision(torch.device("cpu"), "bf16")
+    check_precision(torch.device("cpu"), "auto")  # resolves to fp32 there
+
+
+# --------------------------------------------------------------------------- whole commands
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_run) -> list[str]:
+    """fp32 translations on the real host: what every simulated host's fp32 must give."""
+    from nmt.translate import Translator
+
+    host.forget()
+    return Translator.from_run(tiny_run, device="cpu", precision="fp32").translate(LINES, beam=3)
+
+
+@pytest.mark.parametrize("preset", SIMULATED)
+def test_translate_on_simulated_hosts(tiny_run, reference, monkeypatch, preset, failing_bf16_packing):
+    from nmt.translate import Translator
+
+    simulate(monkeypatch, preset)
+    fp32 = Translator.from_run(tiny_run, device="cpu", precision="fp32")
+    assert fp32.translate(LINES, beam=3) == reference  # packed or not: the same translations
+    auto = Translator.from_run(tiny_run, device="cpu", precision="auto")
+    out = auto.translate(LINES, beam=3)
+    assert len(out) == 3 and all(out)
+    if auto.precision == "fp32":
+        assert out == reference
+    int8 = Translator.from_run(tiny_run, device="cpu", precision="int8")
+    assert int8.translate(LINES, beam=3) == [int8.translate([line], beam=3)[0] for line in LINES]
+
+
+@pytest.mark.parametrize("preset", SIMULATED)
+def test_cli_translate_and_eval_on_simulated_hosts(tiny_run, monkeypatch, preset, failing_bf16_packing):
+    from nmt.cli import app
+
+    simulate(monkeypatch, preset)
+    runner = CliRunner()
+    result = runner.invoke(app, ["translate", "--run", str(tiny_run), *LINES])
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.strip().splitlines()) == 3
+    result = runner.invoke(app, ["eval", "--run", str(tiny_run), "--split", "valid"])
+    assert result.exit_code == 0, result.output
+
+
+def test_cli_refuses_a_precision_the_host_cannot_run_in_one_line(tiny_run, monkeypatch):
+    from nmt.cli import app
+
+    simulate(monkeypatch, "matmul-bf16")
+    result = CliRunner().invoke(app, ["translate", "--run", str(tiny_run), "--precision", "bf16", "你好"])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: --precision bf16: this CPU") and result.stderr.count("\n") == 1
+
+
+def test_pipeline_stages_after_training_on_a_failing_host(tiny_run, mini_mirror, tmp_path, failing_bf16_packing):
+    """select and eval again (their stamps removed) where bf16 packing raises: the pipeline finishes."""
+    from nmt.config import load_config
+    from nmt.pipeline import run_pipeline
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    for stale in ("select.stamp.json", "eval.stamp.json", "checkpoints/final.safetensors"):
+        (run / stale).unlink(missing_ok=True)
+    result = run_pipeline(load_config(run / "config.yaml"), run, mirror=str(mini_mirror))
+    assert result["stages"]["train"] == "skipped" and result["stages"]["select"] == "ran"
+    assert result["eval"]["bleu"] >= 0
+
+
+def test_a_failing_stage_after_training_keeps_the_run_and_names_the_command(tiny_run, mini_mirror, tmp_path, monkeypatch):
+    import nmt.pipeline as pipeline
+    from nmt.config import load_config
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    (run / "select.stamp.json").unlink()
+    before = sorted(p.name for p in (run / "checkpoints").iterdir())
+
+    def broken(*args):
+        raise RuntimeError("a kernel this host lacks\nsecond line")
+
+    monkeypatch.setattr(pipeline, "select_stage", broken)
+    with pytest.raises(NmtError) as err:
+        pipeline.run_pipeline(load_config(run / "config.yaml"), run, mirror=str(mini_mirror))
+    message = str(err.value)
+    assert "\n" not in message and "pipeline stage 'select' failed: a kernel this host lacks" in message
+    assert f"nmt pipeline --run {run}" in message
+    assert "RuntimeError" in (run / "pipeline-error.log").read_text()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before  # the trained run is untouched
+
+
+def test_serve_on_a_simulated_host_without_packing(tiny_run, monkeypatch):
+    from serving import request, start_server, stop
+
+    monkeypatch.setenv(host.ENV, "aarch64")
+    proc, port = start_server(tiny_run, "--precision", "auto", "--workers", "1")
+    try:
+        status, body = request(port, "POST", "/translate", {"text": LINES})
+        assert status == 200 and len(body["translations"]) == 3
+    finally:
+        stop(proc)

@@ -23,7 +23,9 @@ from nmt.model import FeedForward
 INT8_KERNELS = ("int8-fbgemm", "int8-qnnpack", "int8-onednn")  # `nmt.host` kernel names
 
 
-def inference_model(model: torch.nn.Module, device: torch.device, precision: str, int8_kernel: str = "") -> torch.nn.Module:
+def inference_model(
+    model: torch.nn.Module, device: torch.device, precision: str, int8_kernel: str = ""
+) -> torch.nn.Module:
     """`model` on `device` in eval mode, converted for decoding in the resolved `precision`
     (fp32 | bf16 | fp16 | int8). `int8_kernel`: one of `INT8_KERNELS` (default: the first that
     runs here; `nmt.device.fastest_int8_kernel` measures which is fastest)."""

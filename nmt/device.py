@@ -27,12 +27,9 @@ import contextlib
 import functools
 import os
 import sys
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor
 
 from nmt import host
 from nmt.convert import INT8_KERNELS, inference_model, int8_kernels
@@ -173,7 +170,8 @@ def fastest_int8_kernel(shape: tuple[int, int]) -> str:
     def measure() -> str:
         x = torch.randn(64, d_model)
         with torch.no_grad():
-            times = {k: best_time(lambda m=inference_model(_ffn(d_model, ffn_dim), _CPU, "int8", k): m(x)) for k in kernels}
+            models = {k: inference_model(_ffn(d_model, ffn_dim), _CPU, "int8", k) for k in kernels}
+            times = {k: best_time(lambda m=m: m(x)) for k, m in models.items()}
         return min(times, key=lambda k: times[k])
 
     return str(probe(f"cpu-int8-kernel {d_model}x{ffn_dim}", measure))

@@ -31,8 +31,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nmt.checkpoint import find_inference_checkpoint  # noqa: E402
-from nmt.host import cpu_model  # noqa: E402
 from nmt.evaluate import read_lines, score  # noqa: E402
+from nmt.host import cpu_model  # noqa: E402
 from nmt.translate import Translator  # noqa: E402
 
 ROWS = "native:fp32,native:bf16,native:int8,ctranslate2:fp32,ctranslate2:int8"

@@ -19,7 +19,9 @@ from nmt.errors import NmtError
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 LINES = ["我们九点见。", "猫在桌子上。", "他明天去北京。"]
-AVX2_MESSAGE = "mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
+AVX2_MESSAGE = (
+    "mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
+)
 SIMULATED = ["avx2-only", "no-avx2", "aarch64"]
 
 
@@ -193,7 +195,9 @@ def test_pipeline_stages_after_training_on_a_failing_host(tiny_run, mini_mirror,
     assert result["eval"]["bleu"] >= 0
 
 
-def test_a_failing_stage_after_training_keeps_the_run_and_names_the_command(tiny_run, mini_mirror, tmp_path, monkeypatch):
+def test_a_failing_stage_after_training_keeps_the_run_and_names_the_command(
+    tiny_run, mini_mirror, tmp_path, monkeypatch
+):  # noqa: E501
     import nmt.pipeline as pipeline
     from nmt.config import load_config
 

@@ -103,7 +103,7 @@ def test_maps_of_an_int8_model_match_the_float_model(model):
     """int8 swaps nn.Linear for `Int8Linear` (no float weight to read): maps go through the layers."""
     import copy
 
-    from nmt.device import Int8Linear, quantize_int8
+    from nmt.convert import Int8Linear, quantize_int8
 
     quantised = quantize_int8(copy.deepcopy(model))  # splits the projections first, as decoding does
     assert isinstance(cross_attention_modules(quantised)[0].q_proj, Int8Linear)

@@ -356,7 +356,7 @@ def test_split_projections_keeps_outputs_and_exposes_linear_layers():
         torch.testing.assert_close(model(src, tgt), full, atol=1e-6, rtol=1e-6)
         state = model.start_decoding(model.encode(src))
         torch.testing.assert_close(model.decode_step(tgt[:, 0], state), step, atol=1e-6, rtol=1e-6)
-    from nmt.device import quantize_int8
+    from nmt.convert import quantize_int8
 
     quantised = quantize_int8(model)
     assert not any(type(m) is torch.nn.Linear for m in quantised.modules())

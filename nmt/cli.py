@@ -104,7 +104,7 @@ def _setup(
 def download(config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None, mirror: MirrorOpt = None) -> None:
     """Fetch the configured corpus (hub or local mirror), clean it and write <run>/corpus/."""
     cfg, run_dir = _setup(config, set_, run)
-    from nmt.corpus import prepare_corpus
+    from nmt.data.corpus import prepare_corpus
 
     prepare_corpus(cfg, run_dir, mirror=mirror)
 
@@ -114,7 +114,7 @@ def download(config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None, 
 def vocab(config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None) -> None:
     """Train the zh and en SentencePiece models and encode every split to <run>/bin/."""
     cfg, run_dir = _setup(config, set_, run)
-    from nmt.vocab import build_vocab
+    from nmt.data.vocab import build_vocab
 
     build_vocab(cfg, run_dir)
 
@@ -130,11 +130,11 @@ def train(
 ) -> None:
     """Train (or resume) the model of a run. Resumes from the last checkpoint unless --restart."""
     if nproc > 1 and "LOCAL_RANK" not in os.environ:
-        from nmt.distributed import launch_with_torchrun
+        from nmt.train.distributed import launch_with_torchrun
 
         raise typer.Exit(launch_with_torchrun(nproc, sys.argv[1:]))
     cfg, run_dir = _setup(config, set_, run)
-    from nmt.train import train as train_run
+    from nmt.train.loop import train as train_run
 
     summary = train_run(cfg, run_dir, restart=restart)
     if summary:
@@ -162,13 +162,13 @@ def translate(
     """Translate Chinese text with a trained run (default: the newest run under runs/ with a model).
 
     With --nbest K > 1 each input gives K lines `score<TAB>text`, best first."""
-    from nmt.translate import InferenceOptions, translate_to
+    from nmt.decode.translator import InferenceOptions, translate_to
 
     if texts and input:
         raise NmtError("give sentences as arguments or --input FILE, not both")
     opts = InferenceOptions(run, checkpoint, device, precision, engine, beam, nbest, len_penalty)
     if attention is not None:
-        from nmt.plot import translate_with_attention
+        from nmt.serve.plot import translate_with_attention
 
         if nbest > 1:
             raise NmtError("--attention draws the best translation of each line; drop --nbest")
@@ -206,8 +206,8 @@ def eval_(
     engine: EngineOpt = "native",
 ) -> None:
     """Translate a split (or --src/--ref) and score it with sacreBLEU BLEU and chrF."""
-    from nmt.evaluate import EvalJob, evaluate_run
-    from nmt.translate import InferenceOptions
+    from nmt.decode.evaluate import EvalJob, evaluate_run
+    from nmt.decode.translator import InferenceOptions
 
     if split not in ("valid", "test"):
         raise NmtError(f"--split {split!r}: expected valid or test")
@@ -245,7 +245,7 @@ def export(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Default: <run>/export/ct2-...")] = None,
 ) -> None:
     """Export a run's model for another inference engine (CTranslate2), with both vocabularies."""
-    from nmt.ct2 import ExportOptions, export_run
+    from nmt.decode.ct2 import ExportOptions, export_run
 
     out = export_run(ExportOptions(_run_dir(run), checkpoint, output, quantization, format_))
     typer.echo(f"wrote {out}")
@@ -276,7 +276,7 @@ def summary(
     tgt_vocab: Annotated[int | None, typer.Option("--tgt-vocab", help="Default: vocab.tgt_size.")] = None,
 ) -> None:
     """Print the model's size, shape and attention backend without training."""
-    from nmt.model import build_model, model_summary
+    from nmt.model.transformer import build_model, model_summary
 
     cfg, _ = _setup(config, set_, run, create=False)
     model = build_model(cfg, src_vocab or cfg.vocab.src_size, tgt_vocab or cfg.vocab.tgt_size)
@@ -309,12 +309,12 @@ def serve(
 ) -> None:
     """Serve a run over HTTP: JSON API (/translate, /docs) and a web page at / (needs nmt[serve])."""
     try:
-        from nmt.serve import ServeLimits, ServeOptions
-        from nmt.serve import serve as run_server
+        from nmt.serve.app import ServeLimits, ServeOptions
+        from nmt.serve.app import serve as run_server
     except ImportError as e:
         raise NmtError(f"nmt serve needs the serve extra ({e.name} is missing): pip install 'nmt[serve]'") from None
-    from nmt.batcher import BatchLimits
-    from nmt.translate import InferenceOptions
+    from nmt.decode.translator import InferenceOptions
+    from nmt.serve.batcher import BatchLimits
 
     batch = BatchLimits(batch_wait_ms, max_batch, workers)
     limits = ServeLimits(max_sentences, max_chars, max_beam=max_beam, batch=batch)
@@ -339,7 +339,7 @@ def plot(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Directory (default <run>/plots).")] = None,
 ) -> None:
     """Write a run's training curves (loss, validation BLEU, lr, tokens/s) as PNG files."""
-    from nmt.plot import plot_run
+    from nmt.serve.plot import plot_run
 
     for path in plot_run(_run_dir(run), output):
         typer.echo(f"wrote {path}")

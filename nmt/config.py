@@ -26,13 +26,13 @@ class ConfigError(NmtError):
     """A config file or override that cannot be used."""
 
 
-# Span kinds that pass through translation unchanged (nmt/passthrough.py).
+# Span kinds that pass through translation unchanged (nmt/data/passthrough.py).
 PASSTHROUGH_KINDS = ("latin", "number", "url", "email", "marked")
 
 
 @dataclass
 class DataConfig:
-    corpus: str = "tatoeba"  # a recipe name (see nmt.corpus.RECIPES)
+    corpus: str = "tatoeba"  # a recipe name (see nmt.data.corpus.RECIPES)
     mirror: str | None = None  # local directory in the HF translation schema
     src_lang: str = "zh"
     tgt_lang: str = "en"
@@ -44,7 +44,7 @@ class DataConfig:
     dedup: bool = True  # drop exact duplicate training pairs
     filter_overlap: bool = True  # drop training pairs whose zh or en side is in valid/test
     seed: int = 1
-    # Span kinds copied verbatim through placeholders (nmt/passthrough.py); [] turns pass-through off.
+    # Span kinds copied verbatim through placeholders (nmt/data/passthrough.py); [] turns pass-through off.
     passthrough: list[str] = field(default_factory=lambda: list(PASSTHROUGH_KINDS))
     protected_terms: list[str] = field(default_factory=list)  # always passed through (case-sensitive)
 
@@ -95,7 +95,7 @@ class TrainConfig:
     max_steps: int = 0  # 0 = no limit
     max_epochs: int = 0  # 0 = no limit
     # budget of training-loop wall time: updates, validation and checkpoint writes, summed over
-    # resumed runs (not start-up, not the final validation after the stop; nmt/stopping.py),
+    # resumed runs (not start-up, not the final validation after the stop; nmt/train/stopping.py),
     # e.g. "20m", "1h30m"; "" = no limit
     max_time: str = ""
     eval_every: int = 1000
@@ -374,7 +374,7 @@ def _check_data(data: DataConfig, need: Need) -> None:
     for term in data.protected_terms:
         need(term.strip() == term != "" and "\n" not in term, "data.protected_terms", f"{term!r}: blank or padded term")
     # Host-dependent needs (flash attention needs CUDA) are checked where the model runs
-    # (nmt.attention.resolve_backend), not here: a run trained on a GPU must load anywhere.
+    # (nmt.model.attention.resolve_backend), not here: a run trained on a GPU must load anywhere.
 
 
 def parse_duration(text: str) -> float:

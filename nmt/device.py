@@ -10,7 +10,7 @@ Precision policy (weights and optimizer state always stay fp32):
   emulated and far slower than fp32, so auto never picks them there; an explicit bf16 there
   trains, with one warning line.
 
-Decoding converts the model itself instead of autocasting (`nmt.convert`). ``auto`` for decoding
+Decoding converts the model itself instead of autocasting (`nmt.model.convert`). ``auto`` for decoding
 is the precision whose timed probe — the model's own FFN shape, each precision this host runs,
 int8 on its fastest kernel — runs fastest on this machine (`decode_times`).
 
@@ -32,9 +32,9 @@ from collections.abc import Iterator
 import torch
 
 from nmt import host
-from nmt.convert import INT8_KERNELS, inference_model, int8_kernels
 from nmt.errors import NmtError
 from nmt.host import best_time, probe
+from nmt.model.convert import INT8_KERNELS, inference_model, int8_kernels
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 INFERENCE_PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")

@@ -2,7 +2,6 @@
 
 The one place for writing files that other stages read (configs, stamps, checkpoints,
 reports, corpora): write to a temporary file next to the target, fsync, rename over it.
-`nmt.runs` re-exports these names.
 """
 
 from __future__ import annotations

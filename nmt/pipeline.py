@@ -22,8 +22,8 @@ T = TypeVar("T")
 
 def run_pipeline(config: Config, run_dir: Path, mirror: str | None = None) -> dict:
     """Run every stage on `run_dir`; return {"stages": {stage: "ran"|"skipped"}, "eval": report}."""
-    from nmt.corpus import prepare_corpus
-    from nmt.vocab import build_vocab
+    from nmt.data.corpus import prepare_corpus
+    from nmt.data.vocab import build_vocab
 
     stages: dict[str, str] = {}
     _log_stage("download")
@@ -82,7 +82,7 @@ def _train_digest(config: Config, run_dir: Path) -> str:
 
 def train_stage(config: Config, run_dir: Path) -> str:
     """Train unless a finished training run with the same inputs is stamped."""
-    from nmt.train import train
+    from nmt.train.loop import train
 
     digest = _train_digest(config, run_dir)
     if is_fresh(run_dir, "train", digest):
@@ -102,8 +102,8 @@ def select_stage(config: Config, run_dir: Path) -> str:
     use by default until training goes on (`nmt.checkpoint.choose_inference_checkpoint`).
     """
     from nmt.checkpoint import average_last, write_final
-    from nmt.evaluate import EvalJob, evaluate_run
-    from nmt.translate import InferenceOptions
+    from nmt.decode.evaluate import EvalJob, evaluate_run
+    from nmt.decode.translator import InferenceOptions
 
     ckpt_dir = run_dir / "checkpoints"
     trained = sorted(ckpt_dir.glob("step_*.safetensors")) + sorted(ckpt_dir.glob("best.safetensors"))
@@ -129,8 +129,8 @@ def eval_stage(config: Config, run_dir: Path) -> tuple[str, dict]:
     """Evaluate the final checkpoint on the test split (once per final checkpoint)."""
     import json
 
-    from nmt.evaluate import EvalJob, evaluate_run
-    from nmt.translate import InferenceOptions
+    from nmt.decode.evaluate import EvalJob, evaluate_run
+    from nmt.decode.translator import InferenceOptions
 
     final = run_dir / "checkpoints" / "final.safetensors"
     digest = hash_files([final], {"decode": config_to_dict(config)["decode"]})

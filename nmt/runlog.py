@@ -1,9 +1,9 @@
 """What a run recorded, read back for people: training curves and eval reports.
 
 Curves come from the TensorBoard scalars the trainer writes (`<run>/tb/`, see
-`nmt/trainlog.py`): tags `train/loss`, `train/lr`, `train/tokens_per_s`, ..., `valid/bleu`,
+`nmt/train/progress.py`): tags `train/loss`, `train/lr`, `train/tokens_per_s`, ..., `valid/bleu`,
 `valid/loss`, ... Every scalar is kept (no sampling); when a step was logged twice (a resumed
-run), the later value wins. Eval reports are `<run>/eval/*.json` (`nmt/evaluate.py`).
+run), the later value wins. Eval reports are `<run>/eval/*.json` (`nmt/decode/evaluate.py`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Run directories, atomic file writes and stage stamps.
+"""Run directories and stage stamps (atomic writes: `nmt.files`).
 
 A run directory (`runs/<name>/`) holds everything one experiment made:
 
@@ -28,9 +28,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from nmt.config import Config, ConfigError, config_to_yaml, load_config
+from nmt.config import Config, config_to_yaml, load_config
 from nmt.errors import NmtError
-from nmt.files import atomic_path, atomic_write_json, atomic_write_text
+from nmt.files import atomic_write_json, atomic_write_text
 
 RUNS_ROOT = Path("runs")
 
@@ -165,21 +165,3 @@ def write_stamp(run_dir: Path, stage: str, digest: str, info: dict | None = None
 def clear_stamp(run_dir: Path, stage: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         stamp_path(run_dir, stage).unlink()
-
-
-__all__ = [
-    "ConfigError",
-    "atomic_path",
-    "atomic_write_json",
-    "atomic_write_text",
-    "clear_stamp",
-    "default_run_dir",
-    "hash_files",
-    "init_run",
-    "is_fresh",
-    "latest_run",
-    "mark_latest",
-    "newest_model_run",
-    "resolve_run",
-    "write_stamp",
-]

@@ -2,7 +2,7 @@
 """Decoding speed side by side: nmt's native engine against CTranslate2, same weights, same sentences.
 
 One run, one table: native fp32 / bf16 / int8 and CTranslate2 float32 / int8 (the same checkpoint,
-exported with nmt/ct2.py), greedy and beam search, each batch size, on a seeded subset of the
+exported with nmt/decode/ct2.py), greedy and beam search, each batch size, on a seeded subset of the
 run's test split. Every row carries its BLEU, so that no speed-up silently costs quality, and its
 ratio to CTranslate2 float32 at the same batch size and search — the headline, because absolute
 figures move with the machine. Repetitions are interleaved (every engine once, then again) and
@@ -31,9 +31,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nmt.checkpoint import find_inference_checkpoint  # noqa: E402
-from nmt.evaluate import read_lines, score  # noqa: E402
+from nmt.decode.evaluate import read_lines, score  # noqa: E402
+from nmt.decode.translator import Translator  # noqa: E402
 from nmt.host import cpu_model  # noqa: E402
-from nmt.translate import Translator  # noqa: E402
 
 ROWS = "native:fp32,native:bf16,native:int8,ctranslate2:fp32,ctranslate2:int8"
 
@@ -63,8 +63,8 @@ def subset(run: Path, n: int, seed: int) -> tuple[list[str], list[str]]:
 
 
 def ct2_engine(args: argparse.Namespace, native: Translator, precision: str) -> object:
-    """CTranslate2 on the same checkpoint (exported once by nmt/ct2.py), in `precision`."""
-    from nmt import ct2
+    """CTranslate2 on the same checkpoint (exported once by nmt/decode/ct2.py), in `precision`."""
+    from nmt.decode import ct2
 
     source = ct2._resolve_source(args.run, native.checkpoint)
     out = args.export_dir / native.checkpoint.stem if args.export_dir else None

@@ -42,8 +42,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from nmt.evaluate import read_lines  # noqa: E402
-from nmt.translate import InferenceOptions, Translator  # noqa: E402
+from nmt.decode.evaluate import read_lines  # noqa: E402
+from nmt.decode.translator import InferenceOptions, Translator  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

@@ -7,7 +7,7 @@ batches, label smoothing 0.1, Adam(0.9, 0.98), lr 1e-3, inverse-sqrt warmup 1000
 train. Each variant runs in its own process (so peak RSS is its own), trains `--warmup`
 updates untimed, then `--steps` timed updates on real batches in the sampler's order.
 
-MFU = analytic training FLOPs of the timed batches (nmt.flops.train_flops, formula printed
+MFU = analytic training FLOPs of the timed batches (nmt.model.flops.train_flops, formula printed
 below, real tokens only) / time / the matmul peak of this machine measured in the same run
 (fp32 and bf16, 2048² matmuls), so the figure is a ratio that survives a noisy machine.
 
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from nmt.config import Config, load_config  # noqa: E402
 from nmt.device import fast_bf16_available, set_threads  # noqa: E402
-from nmt.flops import matmul_peak_flops, train_flops  # noqa: E402
+from nmt.model.flops import matmul_peak_flops, train_flops  # noqa: E402
 
 REFERENCE = [
     "vocab.src_size=8000", "vocab.tgt_size=5800", "model.d_model=256", "model.heads=4",
@@ -65,9 +65,9 @@ def reference_config(variant: str) -> Config:
 
 
 def prepare_data(args: argparse.Namespace) -> None:
-    from nmt.corpus import prepare_corpus
+    from nmt.data.corpus import prepare_corpus
+    from nmt.data.vocab import build_vocab
     from nmt.runs import init_run
-    from nmt.vocab import build_vocab
 
     config = reference_config("fp32-sdpa")
     init_run(config, args.run, latest=False)  # a benchmark never becomes the default run
@@ -77,11 +77,11 @@ def prepare_data(args: argparse.Namespace) -> None:
 
 def run_one(args: argparse.Namespace, variant: str) -> dict:
     """Train one variant in this process; return its measurements."""
-    from nmt.batching import TokenBatchSampler, load_batch
-    from nmt.data import ParallelSplit
-    from nmt.model import build_model
-    from nmt.trainer import Trainer
-    from nmt.vocab import load_tokenizers
+    from nmt.data.batching import TokenBatchSampler, load_batch
+    from nmt.data.encoded import ParallelSplit
+    from nmt.data.vocab import load_tokenizers
+    from nmt.model.transformer import build_model
+    from nmt.train.update import Trainer
 
     config = reference_config(variant)
     set_threads(args.threads)
@@ -174,7 +174,7 @@ def main() -> None:
     print()
     print(
         "FLOPs per update = 3 × forward; forward = E·N_s(8D² + 4DF + 4SD) + L·[N_t(12D² + 4TD + 4SD + 4DF)"
-        " + N_s·4D²] + N_t·2DV  (nmt/flops.py)"
+        " + N_s·4D²] + N_t·2DV  (nmt/model/flops.py)"
     )
 
 

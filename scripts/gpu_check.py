@@ -30,11 +30,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from nmt import PAD_ID  # noqa: E402
-from nmt.attention import MultiHeadAttention  # noqa: E402
 from nmt.config import ModelConfig, load_config  # noqa: E402
-from nmt.flops import matmul_peak_flops, train_flops  # noqa: E402
-from nmt.masks import lengths_to_padding_mask  # noqa: E402
-from nmt.model import Transformer, model_summary  # noqa: E402
+from nmt.model.attention import MultiHeadAttention  # noqa: E402
+from nmt.model.flops import matmul_peak_flops, train_flops  # noqa: E402
+from nmt.model.masks import lengths_to_padding_mask  # noqa: E402
+from nmt.model.transformer import Transformer, model_summary  # noqa: E402
 
 
 class Ctx:
@@ -290,7 +290,9 @@ def bench_training(ctx: Ctx) -> None:
                 continue
             rows.append(train_row(ctx, cfg, backend, vocab, max_tokens, max_len, peak))
     table(["backend", "max len", "ms/step", "tokens/s (real tgt)", "TFLOP/s", "MFU"], rows)
-    print("(AdamW, label smoothing 0.1, grad clip 1.0, bf16 autocast; FLOPs = nmt.flops.train_flops on real tokens)")
+    print(
+        "(AdamW, label smoothing 0.1, grad clip 1.0, bf16 autocast; FLOPs = nmt.model.flops.train_flops on real tokens)"
+    )
 
 
 def train_row(ctx: Ctx, cfg: ModelConfig, backend: str, vocab: int, max_tokens: int, max_len: int, peak: float):

@@ -41,6 +41,8 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
+
 NUMBERS = ["一", "二", "三", "四", "五", "六", "七", "八", "九", "十"]
 NUMBER_WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
 SUBJECTS = [("我", "I"), ("你", "You"), ("他", "He"), ("她", "She"), ("我们", "We"), ("他们", "They")]
@@ -181,3 +183,20 @@ def write_mirror(
     codes = "".join(script_code(zh) + "\n" for zh, _ in rows[train + valid :])
     (folder / "test.codes.txt").write_text(codes, encoding="utf-8")
     return Path(root)
+
+
+# --------------------------------------------------------------------------- in-memory datasets
+
+
+class ListDataset:
+    def __init__(self, pairs: list[tuple[list[int], list[int]]]) -> None:
+        self.pairs = pairs
+        self.src_lengths = np.array([len(s) for s, _ in pairs])
+        self.tgt_lengths = np.array([len(t) for _, t in pairs])
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        s, t = self.pairs[i]
+        return np.array(s, dtype=np.int32), np.array(t, dtype=np.int32)

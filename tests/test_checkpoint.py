@@ -6,8 +6,8 @@ import torch
 from nmt import checkpoint as ckpt
 from nmt.config import config_to_yaml
 from nmt.errors import NmtError
-from nmt.model import build_model
-from nmt.trainer import Trainer
+from nmt.model.transformer import build_model
+from nmt.train.update import Trainer
 
 
 @pytest.fixture

@@ -148,12 +148,12 @@ def test_max_time_means_the_same_in_readme_config_and_scripts():
     import inspect
 
     import nmt.config
-    import nmt.stopping
+    import nmt.train.stopping
 
     texts = {
         "README.md": (ROOT / "README.md").read_text(encoding="utf-8"),
         "nmt/config.py": inspect.getsource(nmt.config.TrainConfig),
-        "nmt/stopping.py": nmt.stopping.__doc__,
+        "nmt/train/stopping.py": nmt.train.stopping.__doc__,
         "scripts/quality_budget.sh": (ROOT / "scripts" / "quality_budget.sh").read_text(encoding="utf-8"),
     }
     for name, text in texts.items():

@@ -153,7 +153,7 @@ INT8_LAYER_KERNELS = ["int8-fbgemm", "int8-qnnpack", "int8-onednn"]
 @pytest.mark.parametrize("kernel", INT8_LAYER_KERNELS)
 def test_int8_linear_rows_do_not_depend_on_the_batch_and_stay_close_to_fp32(kernel):
     from nmt import host
-    from nmt.convert import Int8Linear
+    from nmt.model.convert import Int8Linear
 
     if not host.current().has(kernel):
         pytest.skip(f"{kernel} does not run here: {host.current().why_not(kernel)}")
@@ -174,8 +174,8 @@ def test_int8_linear_rows_do_not_depend_on_the_batch_and_stay_close_to_fp32(kern
 
 def test_int8_quantises_every_linear_layer_and_packing_keeps_outputs():
     from nmt.config import ModelConfig
-    from nmt.convert import Int8Linear, PackedLinear, can_pack, inference_model
-    from nmt.model import Transformer
+    from nmt.model.convert import Int8Linear, PackedLinear, can_pack, inference_model
+    from nmt.model.transformer import Transformer
 
     cfg = ModelConfig(d_model=32, heads=2, encoder_layers=1, decoder_layers=1, ffn_dim=64, dropout=0.0)
     src, tgt = torch.randint(4, 30, (2, 5)), torch.randint(4, 30, (2, 4))
@@ -198,8 +198,8 @@ def test_int8_quantises_every_linear_layer_and_packing_keeps_outputs():
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_packing_fuses_relu_into_fc1_with_identical_outputs(activation):
-    from nmt.convert import PackedLinear, can_pack, pack_linears
-    from nmt.model import FeedForward
+    from nmt.model.convert import PackedLinear, can_pack, pack_linears
+    from nmt.model.transformer import FeedForward
 
     if not can_pack(torch.float32):
         pytest.skip("this host has no oneDNN pre-packed fp32 linear")

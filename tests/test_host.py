@@ -102,8 +102,8 @@ def test_auto_picks_a_precision_that_runs_and_an_int8_kernel_the_host_has(monkey
 
 
 def test_auto_survives_the_real_avx2_failure(failing_bf16_packing, capsys):
-    from nmt.convert import PackedLinear, inference_model
     from nmt.device import resolve_inference_precision
+    from nmt.model.convert import PackedLinear, inference_model
 
     assert resolve_inference_precision(torch.device("cpu"), "auto", (32, 64)) in ("fp32", "bf16", "int8")
     model = inference_model(torch.nn.Sequential(torch.nn.Linear(8, 4)), torch.device("cpu"), "bf16")
@@ -137,7 +137,7 @@ def test_training_in_bf16_where_no_bf16_matmul_runs_is_refused(monkeypatch):
 @pytest.fixture(scope="module")
 def reference(tiny_run) -> list[str]:
     """fp32 translations on the real host: what every simulated host's fp32 must give."""
-    from nmt.translate import Translator
+    from nmt.decode.translator import Translator
 
     host.forget()
     return Translator.from_run(tiny_run, device="cpu", precision="fp32").translate(LINES, beam=3)
@@ -145,7 +145,7 @@ def reference(tiny_run) -> list[str]:
 
 @pytest.mark.parametrize("preset", SIMULATED)
 def test_translate_on_simulated_hosts(tiny_run, reference, monkeypatch, preset, failing_bf16_packing):
-    from nmt.translate import Translator
+    from nmt.decode.translator import Translator
 
     simulate(monkeypatch, preset)
     fp32 = Translator.from_run(tiny_run, device="cpu", precision="fp32")

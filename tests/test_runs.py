@@ -5,9 +5,8 @@ import pytest
 
 from nmt.config import load_config
 from nmt.errors import NmtError
+from nmt.files import atomic_path, atomic_write_text
 from nmt.runs import (
-    atomic_path,
-    atomic_write_text,
     hash_files,
     init_run,
     is_fresh,
@@ -74,7 +73,7 @@ def _model_run(root: Path, name: str, config, with_model: bool) -> Path:
     import torch
 
     from nmt.checkpoint import save_best
-    from nmt.model import build_model
+    from nmt.model.transformer import build_model
 
     run_dir = init_run(config, root / name)
     if with_model:
@@ -112,14 +111,14 @@ def test_bench_train_does_not_move_latest(tmp_path, monkeypatch):
     import argparse
     import importlib.util
 
-    import nmt.corpus
-    import nmt.vocab
+    import nmt.data.corpus
+    import nmt.data.vocab
 
     spec = importlib.util.spec_from_file_location("bench_train", ROOT / "scripts" / "bench_train.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    monkeypatch.setattr(nmt.corpus, "prepare_corpus", lambda *a, **k: None)  # data prep is not the point
-    monkeypatch.setattr(nmt.vocab, "build_vocab", lambda *a, **k: None)
+    monkeypatch.setattr(nmt.data.corpus, "prepare_corpus", lambda *a, **k: None)  # data prep is not the point
+    monkeypatch.setattr(nmt.data.vocab, "build_vocab", lambda *a, **k: None)
     monkeypatch.chdir(tmp_path)
     init_run(load_config(ROOT / "configs" / "tiny.yaml"), Path("runs/mine"))
     bench.prepare_data(argparse.Namespace(run=tmp_path / "runs" / "bench-ref", mirror=None))

@@ -1,0 +1,284 @@
+"""Pass-through spans: what a translation must carry over unchanged, hidden from the model.
+
+Spans are found by rules on *normalised* text (`nmt.data.corpus.normalize_source` /
+`normalize_target`: NFKC, so full-width `３` or `ＡＩ` is already `3` / `AI`), tried left to
+right, the first rule that matches at a position wins:
+
+    marked  text in backticks, `like this` (the span is the text inside; the backticks go),
+            and every `data.protected_terms` entry (case-sensitive, longest first)
+    url     http://, https://, ftp:// or www. up to a space or any non-ASCII character (so a
+            following Chinese "，。" ends it), minus trailing ASCII punctuation .,;:!?)]}'"
+    email   name@domain.tld
+    latin   a token of Latin letters (ASCII and Latin-1/Extended) and digits holding at least
+            one letter: "AI", "iPhone15", "5G", "COVID-19", "Müller"
+    number  a token of digits: "2024" (of "2024年"), "1,000", "3.5%", "3,5", "2024/11/30"
+
+A token is letters/digits joined by `-`, `&`, `+`, `/`, and `.` or `,` between two digits;
+a number may end in `%`. Chinese numerals (三百) are no span: they are translated. Kinds not
+in `data.passthrough` are not looked for (a URL is then just tokens).
+
+Masking replaces each span by a placeholder `⦅i⦆` (`i` < MAX_SLOTS, in order of first
+appearance; equal texts share one placeholder; spans beyond MAX_SLOTS stay text). The
+placeholders are user-defined symbols of both SentencePiece models, so they are never split.
+
+Training (`mask_pair`): a source span is masked only where a span with the same text is found
+by the same rules in the target; then both sides get the same placeholder. This is also the
+meaning of "the same span on both sides" in the pass-through score.
+
+Restoration (`restore`), the documented rule for a model's mistakes:
+  - placeholder i appears as often as in the source: each becomes slot i's text;
+  - repeated more often than in the source: the extra copies are removed;
+  - invented (no slot i) or a stray `⦅`/`⦆` fragment: removed (with the whitespace before it
+    when a space, punctuation or the end follows, so "a ⦅7⦆, b" gives "a, b");
+  - dropped (slot i never produced): its text is appended at the end, in slot order, before a
+    final `.`, `!` or `?`.
+No placeholder character of the model's output reaches the user; whitespace is collapsed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nmt.config import PASSTHROUGH_KINDS, Config, DataConfig
+
+MAX_SLOTS = 10
+OPEN, CLOSE = "⦅", "⦆"  # U+2985/U+2986: NFKC-stable (they are what ｟｠ normalise to)
+PLACEHOLDERS = tuple(f"{OPEN}{i}{CLOSE}" for i in range(MAX_SLOTS))
+_MODEL_PLACEHOLDER = re.compile(f"{OPEN}(\\d+){CLOSE}|[{OPEN}{CLOSE}]")
+# in output: (space before)(placeholder | fragment)(a following space, punctuation or end, if any)
+_OUTPUT_PLACEHOLDER = re.compile(f"(\\s*)(?:{_MODEL_PLACEHOLDER.pattern})(?=([\\s.,!?;:)\\]]|$)?)")
+
+_L = "A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f"  # Latin letters (ASCII, Latin-1, Extended-A/B)
+_W = f"[{_L}0-9]"
+_JOIN = r"(?:[-&+/]|(?<=\d)[.,](?=\d))"
+_RULES = {
+    "url": r"(?:https?://|ftp://|www\.)[!-~]+",
+    "email": r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+",
+    "token": f"{_W}+(?:{_JOIN}{_W}+)*%?",
+}
+_URL_TAIL = ".,;:!?)]}'\""
+_HAS_LETTER = re.compile(f"[{_L}]")
+
+
+@dataclass(frozen=True)
+class Span:
+    start: int  # character offsets in the (normalised) text
+    end: int
+    text: str  # what the translation must contain (marked text without its backticks)
+    kind: str  # one of nmt.config.PASSTHROUGH_KINDS
+
+
+class Detector:
+    """The span rules for a set of kinds and protected terms, compiled once."""
+
+    def __init__(self, kinds: Iterable[str], terms: Iterable[str] = ()) -> None:
+        self.kinds = frozenset(kinds)
+        parts = []
+        if "marked" in self.kinds:
+            parts.append(r"(?P<marked>`[^`\n]+`)")
+        if terms := sorted(set(terms), key=len, reverse=True):
+            parts.append(f"(?P<term>{'|'.join(map(re.escape, terms))})")
+        parts += [f"(?P<{k}>{_RULES[k]})" for k in ("url", "email") if k in self.kinds]
+        if self.kinds & {"latin", "number"}:
+            parts.append(f"(?P<token>{_RULES['token']})")
+        self.pattern = re.compile("|".join(parts)) if parts else None
+
+    @classmethod
+    def from_data(cls, data: DataConfig) -> Detector:
+        return cls(data.passthrough, data.protected_terms if data.passthrough else ())
+
+    def find(self, text: str) -> list[Span]:
+        """Non-overlapping spans of `text`, left to right."""
+        if self.pattern is None:
+            return []
+        spans = []
+        for m in self.pattern.finditer(text):
+            span = self._span(m)
+            if span is not None:
+                spans.append(span)
+        return spans
+
+    def _span(self, m: re.Match) -> Span | None:
+        rule, start, end = m.lastgroup, m.start(), m.end()
+        if rule == "marked":  # the span is what the backticks enclose
+            inner = m.group()[1:-1].strip()
+            return Span(start, end, inner, "marked") if inner else None
+        if rule == "term":
+            return Span(start, end, m.group(), "marked")
+        if rule == "url":
+            end = start + len(m.group().rstrip(_URL_TAIL))
+            return Span(start, end, m.string[start:end], "url")
+        if rule == "email":
+            return Span(start, end, m.group(), "email")
+        kind = "latin" if _HAS_LETTER.search(m.group()) else "number"
+        return Span(start, end, m.group(), kind) if kind in self.kinds else None
+
+
+# --------------------------------------------------------------------------- masking and restoring
+
+
+@dataclass
+class Masked:
+    """A masked text and what its placeholders stand for."""
+
+    text: str  # with ⦅i⦆ in place of the spans
+    slots: list[str] = field(default_factory=list)  # slot i → the text ⦅i⦆ restores
+    counts: list[int] = field(default_factory=list)  # slot i → how often ⦅i⦆ occurs in `text`
+
+
+def mask(text: str, spans: list[Span]) -> Masked:
+    """Replace `spans` (non-overlapping, sorted) by placeholders; equal texts share one slot."""
+    index: dict[str, int] = {}
+    out, pos, counts = [], 0, []
+    for s in spans:
+        i = index.get(s.text)
+        if i is None:
+            if len(index) >= MAX_SLOTS:
+                continue  # beyond the reserved placeholders the span stays text
+            i = index[s.text] = len(index)
+            counts.append(0)
+        out += [text[pos : s.start], PLACEHOLDERS[i]]
+        counts[i] += 1
+        pos = s.end
+    out.append(text[pos:])
+    return Masked("".join(out), list(index), counts)
+
+
+def mask_pair(src: str, tgt: str, detector: Detector) -> tuple[Masked, str]:
+    """(masked source, masked target) of a training pair: only spans found on both sides are masked."""
+    src_spans, tgt_spans = detector.find(src), detector.find(tgt)
+    shared = {s.text for s in src_spans} & {s.text for s in tgt_spans}
+    if not shared:
+        return Masked(src), tgt
+    m = mask(src, [s for s in src_spans if s.text in shared])
+    slot_of = {t: i for i, t in enumerate(m.slots)}
+    t = mask(tgt, [s for s in tgt_spans if s.text in slot_of])
+    renumber = {PLACEHOLDERS[j]: PLACEHOLDERS[slot_of[text]] for j, text in enumerate(t.slots)}
+    tgt_masked = _MODEL_PLACEHOLDER.sub(lambda x: renumber.get(x.group(), x.group()), t.text)
+    return m, tgt_masked
+
+
+def restore(output: str, masked: Masked) -> str:
+    """The model's `output` with every placeholder resolved by the module's restoration rule."""
+    used = [0] * len(masked.slots)
+
+    def fill(m: re.Match) -> str:
+        i = int(m.group(2)) if m.group(2) is not None else -1
+        if 0 <= i < len(masked.slots) and used[i] < masked.counts[i]:
+            used[i] += 1
+            return m.group(1) + masked.slots[i]
+        return "" if m.group(3) is not None else m.group(1)  # invented, repeated or a fragment: removed
+
+    text = " ".join(_OUTPUT_PLACEHOLDER.sub(fill, output).split())
+    missing = [s for s, n in zip(masked.slots, used, strict=True) if n == 0]
+    if not missing:
+        return text
+    end = len(text) - 1 if text.endswith((".", "!", "?")) else len(text)
+    return " ".join([text[:end].rstrip(), *missing]).strip() + text[end:]
+
+
+def masker(data: DataConfig, *tokenizers: object) -> Detector | None:
+    """The detector to mask with, or None: pass-through off, or a vocabulary without placeholders
+    (a run trained before this feature, or with it off), whose model never saw them."""
+    if not data.passthrough:
+        return None
+    for tok in tokenizers:
+        has = getattr(tok, "has_pieces", None)
+        if has is None or not has(PLACEHOLDERS):
+            return None
+    return Detector.from_data(data)
+
+
+# --------------------------------------------------------------------------- the score
+
+
+def passthrough_score(sources: list[str], refs: list[str], hyps: list[str], detector: Detector) -> dict:
+    """Of the distinct span texts of each source also found (by the same rules) in its reference,
+    the share also found in the hypothesis. Texts must already be normalised."""
+    total = kept = 0
+    for src, ref, hyp in zip(sources, refs, hyps, strict=True):
+        wanted = {s.text for s in detector.find(src)} & {s.text for s in detector.find(ref)}
+        total += len(wanted)
+        kept += len(wanted & {s.text for s in detector.find(hyp)})
+    return {"spans": total, "kept": kept, "accuracy": kept / total if total else None}
+
+
+def score_lines(data: DataConfig, sources: list[str], refs: list[str], hyps: list[str]) -> dict:
+    """`passthrough_score` of raw lines, each normalised as its side is in training.
+
+    Spans are those of the run's kinds, or of every kind when pass-through is off, so that runs
+    with and without the feature are scored on the same spans.
+    """
+    from nmt.data.normalize import normalize_source, normalize_target
+
+    detector = Detector(data.passthrough or PASSTHROUGH_KINDS, data.protected_terms)
+    return passthrough_score(
+        [normalize_source(s, data) for s in sources],
+        [normalize_target(r, data) for r in refs],
+        [normalize_target(h, data) for h in hyps],
+        detector,
+    )
+
+
+def describe(score: dict) -> str:
+    """'pass-through 95.0% (38 of 40 spans kept)' for reports."""
+    if not score.get("spans"):
+        return "pass-through n/a (no source span found in its reference)"
+    return f"pass-through {score['accuracy']:.1%} ({score['kept']} of {score['spans']} spans kept)"
+
+
+# --------------------------------------------------------------------------- corpus files
+
+
+def _mask_split(data: DataConfig, detector: Detector, inputs: list[Path], outputs: list[Path], raw: bool) -> dict:
+    """Write the masked pairs of `inputs` (src, tgt) to `outputs`; `raw` texts are normalised first."""
+    from nmt.data.normalize import normalize_source, normalize_target
+
+    pairs = masked = 0
+    with (
+        open(inputs[0], encoding="utf-8") as fs,
+        open(inputs[1], encoding="utf-8") as ft,
+        open(outputs[0], "w", encoding="utf-8") as out_s,
+        open(outputs[1], "w", encoding="utf-8") as out_t,
+    ):
+        for s, t in zip(fs, ft, strict=False):
+            s, t = s.rstrip("\n"), t.rstrip("\n")
+            if raw:
+                s, t = normalize_source(s, data), normalize_target(t, data)
+            ms, mt = mask_pair(s, t, detector)
+            out_s.write(ms.text + "\n")
+            out_t.write(mt + "\n")
+            pairs, masked = pairs + 1, masked + bool(ms.slots)
+    return {"pairs": pairs, "masked_pairs": masked}
+
+
+@contextlib.contextmanager
+def masked_corpus(config: Config, run_dir: Path, splits: Iterable[str]) -> Iterator[dict | None]:
+    """Masked, normalised copies of `<run>/corpus/{split}.{lang}` in a temporary folder of the run.
+
+    Yields {"train.zh": Path, ..., "stats": {split: {"pairs", "masked_pairs"}}} — what
+    SentencePiece trains on and `binarize` encodes — or None when pass-through is off.
+    Train is normalised already; valid/test (raw references) are normalised here.
+    """
+    data = config.data
+    if not data.passthrough:
+        yield None
+        return
+    detector, corpus = Detector.from_data(data), Path(run_dir) / "corpus"
+    tmp = Path(tempfile.mkdtemp(prefix=".passthrough-masked.", dir=run_dir))
+    try:
+        out: dict = {"stats": {}}
+        for split in splits:
+            names = [f"{split}.{data.src_lang}", f"{split}.{data.tgt_lang}"]
+            paths = [tmp / n for n in names]
+            out["stats"][split] = _mask_split(data, detector, [corpus / n for n in names], paths, split != "train")
+            out |= dict(zip(names, paths, strict=True))
+        yield out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,123 @@
+"""Where each corpus lives (`Recipe`: a hub dataset and/or a mirror folder) and what one of its
+records is (`pair_from_record`), with the count of unusable lines (`BadLines`).
+
+The one module that both the file readers (`nmt.data.readers`) and the hub reader
+(`nmt.data.hub`) import, so that neither imports the other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from dataclasses import dataclass
+
+from nmt.config import suggest
+from nmt.errors import NmtError
+
+
+@dataclass(frozen=True)
+class HubSplit:
+    """One of our splits as read from the hub: a hub split, whole or a hashed 1-in-`every` sample."""
+
+    split: str  # hub split name: train | validation | test
+    every: int = 0  # > 0: keep the rows whose target-side (English) hash % every == 0
+    rest: bool = False  # with every: keep the other rows instead
+
+    def keeps(self, target: str) -> bool:
+        if self.every <= 0:
+            return True
+        digest = hashlib.blake2b(target.strip().encode("utf-8"), digest_size=8).digest()
+        return (int.from_bytes(digest, "little") % self.every == 0) != self.rest
+
+
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Where one corpus lives: a hub dataset (data files or its Parquet conversion) and/or a mirror folder."""
+
+    name: str
+    hub: str | None  # datasets hub path; None = mirror only
+    config: str | None  # hub config name (datasets with data files per config)
+    splits: tuple[tuple[str, HubSplit], ...]  # (our split, where it comes from on the hub)
+    langs: tuple[str, str] = ("zh", "en")  # keys of the translation records
+    subdir: str = ""  # mirror subdirectory holding the split files
+    hub_kwargs: tuple[tuple[str, str], ...] = ()  # extra load_dataset keyword arguments
+    revision: str | None = None  # hub revision: a commit, a tag or "refs/convert/parquet"
+    data_dir: str = ""  # Parquet folder of one config: <data_dir>/<hub split>/*.parquet
+    columns: tuple[tuple[str, str], ...] = ()  # flat tables: (language, column) instead of "translation"
+    label: str = ""  # column with each row's language/script code (test labels become test.codes)
+    keep: tuple[str, ...] = ()  # keep only the rows whose label is one of these
+
+
+_ALL = (("train", HubSplit("train")), ("valid", HubSplit("validation")), ("test", HubSplit("test")))
+TATOEBA_VALID_EVERY = 18  # 1 in 18 Mandarin dev rows (about 2,000) validate; the rest train
+MANDARIN = ("cmn_Hans", "cmn_Hant", "cmn")  # the rows of the eng-zho benchmark our mirror keeps
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        Recipe(
+            "tatoeba",
+            "Helsinki-NLP/tatoeba_mt",  # Tatoeba Challenge v2021-08-07, CC-BY 2.0 FR (see README, "Data")
+            "eng-zho",
+            (
+                ("train", HubSplit("validation", every=TATOEBA_VALID_EVERY, rest=True)),
+                ("valid", HubSplit("validation", every=TATOEBA_VALID_EVERY)),
+                ("test", HubSplit("test")),
+            ),
+            subdir="tatoeba-zh-en",
+            revision="refs/convert/parquet",
+            data_dir="eng-zho",
+            columns=(("en", "sourceString"), ("zh", "targetString")),
+            label="targetlang",
+            keep=MANDARIN,
+        ),
+        Recipe("wmt19", "wmt/wmt19", "zh-en", _ALL[:2], subdir="wmt19-zh-en"),
+        Recipe("wmt17", "wmt/wmt17", "zh-en", _ALL, subdir="wmt17-zh-en"),
+        Recipe("opus100", "Helsinki-NLP/opus-100", "en-zh", _ALL, subdir="opus100-en-zh"),
+        Recipe("iwslt2017", "IWSLT/iwslt2017", "iwslt2017-zh-en", _ALL, subdir="iwslt2017-zh-en"),
+        Recipe("news_commentary", "Helsinki-NLP/news_commentary", "en-zh", _ALL[:1], subdir="news-commentary-en-zh"),
+        Recipe("wmt_news", None, None, (), subdir="wmt-news-zh-en"),
+    )
+}
+
+
+def get_recipe(name: str) -> Recipe:
+    if name not in RECIPES:
+        hint = suggest(name, RECIPES)
+        raise NmtError(f"data.corpus: unknown corpus {name!r}{hint}; known: {', '.join(sorted(RECIPES))}")
+    return RECIPES[name]
+
+
+class BadLines:
+    """Counts skipped lines of one file; remembers the first (and, for test, all) line numbers."""
+
+    def __init__(self, label: str, keep_lines: bool = False) -> None:
+        self.label, self.keep_lines = label, keep_lines
+        self.count, self.first, self.reason = 0, 0, ""
+        self.lines: set[int] = set()
+
+    def add(self, lineno: int, reason: str) -> None:
+        if not self.count:
+            self.first, self.reason = lineno, reason
+        self.count += 1
+        if self.keep_lines:
+            self.lines.add(lineno)
+
+    def warn(self) -> None:
+        if self.count:
+            plural = "s" if self.count > 1 else ""
+            msg = f"{self.label}:{self.first}: {self.reason} (skipped {self.count} bad line{plural})"
+            warnings.warn(msg, stacklevel=3)
+
+
+def pair_from_record(obj: object, src: str, tgt: str) -> tuple[str, str] | str:
+    """(src, tgt) from a translation record, or the reason it is unusable."""
+    rec = obj.get("translation", obj) if isinstance(obj, dict) else None
+    if not isinstance(rec, dict):
+        return "not a translation record"
+    for key in (src, tgt):
+        if not isinstance(rec.get(key), str):
+            return f"record missing {key!r}"
+    return rec[src], rec[tgt]

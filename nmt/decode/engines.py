@@ -1,0 +1,65 @@
+"""Decoding engines: what turns batches of source ids into target ids and scores.
+
+`Translator` (nmt/decode/translator.py) does the text work (normalisation, tokenisation, batching,
+detokenisation) and hands each padded batch to an engine. Every engine has the same method:
+
+    search(seqs, beam, nbest, len_penalty, greedy, on_done=None) -> list[list[(tokens, score)]]
+
+`seqs` are source piece ids without EOS; the result holds, per sequence, up to `nbest`
+`(target ids without BOS/EOS, score)` pairs, best first (score NaN for greedy). An engine may call
+`on_done(i, pairs)` as soon as sequence i is done (the native beam search does; others need not).
+
+- `NativeEngine`: nmt's own PyTorch model and `nmt/decode/search.py`.
+- the CTranslate2 engine lives in `nmt/decode/ct2.py` (optional extra `nmt[ctranslate2]`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from nmt.config import DecodeConfig
+from nmt.data.batching import pad_sources
+from nmt.decode.search import Hypothesis, beam_search, greedy_search
+from nmt.device import decoding_model, resolve_inference_precision
+
+ENGINES = ("native", "ctranslate2")
+
+Found = list[list[tuple[list[int], float]]]
+Done = Callable[[int, list[tuple[list[int], float]]], None] | None  # see `search` above
+
+
+class NativeEngine:
+    """nmt's PyTorch model on `device`, decoding in `precision` (auto | fp32 | bf16 | fp16 | int8).
+
+    'auto' resolves to the fastest precision measured on this machine (`nmt.device`); the model is
+    converted once (bf16/fp16 weights, int8 linear layers), `self.precision` is the result.
+    """
+
+    name = "native"
+
+    def __init__(self, model: torch.nn.Module, decode: DecodeConfig, device: torch.device, precision: str) -> None:
+        cfg = getattr(model, "cfg", None)
+        shape = (cfg.d_model, cfg.ffn_dim) if cfg is not None else (512, 2048)
+        self.precision = resolve_inference_precision(device, precision, shape)
+        self.model = decoding_model(model, device, self.precision)
+        self.decode, self.device = decode, device
+
+    def search(
+        self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float, greedy: bool, on_done: Done = None
+    ) -> Found:
+        d = self.decode
+        src = pad_sources(seqs).to(self.device)  # (B, S)
+        with torch.inference_mode():
+            if greedy:
+                out = greedy_search(self.model, src, d.max_len_a, d.max_len_b, d.min_len)
+                return [[(tokens, float("nan"))] for tokens in out]
+            report = (lambda i, row: on_done(i, _pairs(row))) if on_done is not None else None
+            lengths = (d.max_len_a, d.max_len_b, d.min_len, d.no_repeat_ngram)
+            hyps = beam_search(self.model, src, beam, nbest, len_penalty, *lengths, on_done=report)
+        return [_pairs(row) for row in hyps]
+
+
+def _pairs(hyps: list[Hypothesis]) -> list[tuple[list[int], float]]:
+    return [(h.tokens, h.score) for h in hyps]

@@ -1,0 +1,189 @@
+"""A trained model converted for decoding: weights cast once, linear layers packed or quantised.
+
+`inference_model` is the one entry: ``bf16``/``fp16`` cast the weights once (autocast would re-cast
+every weight at every decoding step); ``int8`` turns every linear layer into an `Int8Linear`, the
+tied output projection included; on a CPU, fp32 and bf16 linear layers get their weights
+pre-packed for oneDNN (`PackedLinear`). Each kernel is used only where `nmt.host` found that it
+runs on this machine; otherwise the layer stays a plain ``nn.Linear`` (packing), or int8 uses the
+next kernel that runs. Which precision to decode in is `nmt.device.resolve_inference_precision`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from nmt import host
+from nmt.model.transformer import FeedForward
+
+INT8_KERNELS = ("int8-fbgemm", "int8-qnnpack", "int8-onednn")  # `nmt.host` kernel names
+
+
+def inference_model(
+    model: torch.nn.Module, device: torch.device, precision: str, int8_kernel: str = ""
+) -> torch.nn.Module:
+    """`model` on `device` in eval mode, converted for decoding in the resolved `precision`
+    (fp32 | bf16 | fp16 | int8). `int8_kernel`: one of `INT8_KERNELS` (default: the first that
+    runs here; `nmt.device.fastest_int8_kernel` measures which is fastest)."""
+    model = model.to(device).eval()
+    if not isinstance(model, torch.nn.Module):  # a duck-typed decoding model (tests): used as it is
+        return model
+    if precision in ("bf16", "fp16"):
+        model = model.to(torch.bfloat16 if precision == "bf16" else torch.float16)
+    if precision == "int8":
+        return quantize_int8(model, int8_kernel or int8_kernels()[0])
+    if device.type == "cpu" and precision in ("fp32", "bf16"):
+        return pack_linears(model, torch.bfloat16 if precision == "bf16" else torch.float32)
+    return model
+
+
+def int8_kernels() -> list[str]:
+    """The int8 kernels that run on this host, in order of preference when nothing was measured;
+    empty where none does (then int8 decoding is refused, `nmt.device`)."""
+    here = host.current()
+    return [k for k in INT8_KERNELS if here.has(k)]
+
+
+# --------------------------------------------------------------------------- oneDNN packing
+
+
+class PackedLinear(torch.nn.Module):
+    """An `nn.Linear` (CPU, fp32 or bf16) whose weight is laid out for oneDNN once, at load, instead
+    of at every call: the same function up to summation order, faster for the few-row matmuls of
+    decoding (most for the vocabulary projection). Needs the host's ``pack-fp32``/``pack-bf16``."""
+
+    def __init__(self, linear: torch.nn.Linear, rows_hint: int = 64) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows_hint)
+        self.bias = None if linear.bias is None else linear.bias.detach()
+        self.op = torch.ops.mkldnn._linear_pointwise.default  # the overload: no Python dispatch checks
+        self.post_op = "none"  # "relu": relu(linear(x)) in the kernel's epilogue (`fuse_relu`)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.op(x, self.packed, self.bias, self.post_op, [], "")
+
+
+def can_pack(dtype: torch.dtype) -> bool:
+    """True when this host runs oneDNN's pre-packed linear layers in `dtype` (fp32 or bf16)."""
+    return host.current().has("pack-bf16" if dtype == torch.bfloat16 else "pack-fp32")
+
+
+def pack_linears(model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """Every `nn.Linear` of `model` (after `split_projections`, where the model has it) as a
+    `PackedLinear`, in place; the model unchanged where this host cannot pack `dtype`."""
+    if not can_pack(dtype):
+        return model
+    if hasattr(model, "split_projections"):
+        model.split_projections()
+    _replace_modules(model, torch.nn.Linear, PackedLinear)
+    fuse_relu(model)
+    return model
+
+
+def fuse_relu(model: torch.nn.Module) -> None:
+    """Every ReLU feed-forward block whose `fc1` is a `PackedLinear` applies the ReLU inside
+    fc1's kernel (one pass over the (R, ffn_dim) activations fewer; the same outputs)."""
+    for module in model.modules():
+        if isinstance(module, FeedForward) and isinstance(module.fc1, PackedLinear) and module.act is F.relu:
+            module.fc1.post_op, module.act = "relu", _unchanged
+
+
+def _unchanged(x: Tensor) -> Tensor:
+    return x
+
+
+# --------------------------------------------------------------------------- int8
+
+
+ROW_BUCKET = 16  # the oneDNN kernel pads its rows to a multiple of this
+
+
+def quantize_int8(model: torch.nn.Module, kernel: str = "") -> torch.nn.Module:
+    """Every `nn.Linear` as an `Int8Linear` on `kernel` (default: the first that runs here), in
+    place. A model with `split_projections` (the Transformer) first exposes its weight slices and
+    its tied output projection as linear layers, so that they are quantised too."""
+    kernel = kernel or int8_kernels()[0]
+    if hasattr(model, "split_projections"):
+        model.split_projections()
+    _replace_modules(model, torch.nn.Linear, lambda linear: Int8Linear(linear, kernel))
+    return model
+
+
+class Int8Linear(torch.nn.Module):
+    """A linear layer in int8: weights quantised once with one scale per output feature, inputs at
+    each call per row, so that every row's output is independent of the other rows (a sentence
+    translates the same whichever sentences share its batch), multiplied exactly in int32.
+
+    Two kernels, the same contract:
+
+    - ``int8-fbgemm`` / ``int8-qnnpack``: PyTorch's dynamic quantised linear. It quantises its
+      whole input with one range, so each row is first divided by its own largest magnitude and
+      two columns holding +1 and -1 (whose weights are zero) are appended: every batch then has
+      the range [-1, 1] exactly, each row's quantisation is its own, and the output is scaled
+      back per row. fbgemm uses 7-bit activations (`reduce_range`), as PyTorch advises on x86,
+      where 8 bits can saturate AVX2's 16-bit pair sums.
+    - ``int8-onednn``: symmetric int8 rows and ``torch._int_mm``; fast where oneDNN has int8
+      instructions (AVX-512 VNNI, AMX), a slow reference loop on AVX2.
+    """
+
+    def __init__(self, linear: torch.nn.Linear, kernel: str = "int8-onednn") -> None:
+        super().__init__()
+        if kernel not in INT8_KERNELS:
+            raise ValueError(f"unknown int8 kernel {kernel!r} (one of {', '.join(INT8_KERNELS)})")
+        self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
+        w = linear.weight.detach().float()  # (N, K)
+        self.scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127  # (N,)
+        q = torch.round(w / self.scale[:, None]).to(torch.int8)  # (N, K) in [-127, 127]
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
+        if kernel == "int8-onednn":
+            self.weight_t = q.t()  # (K, N)
+        else:
+            self.packed = _prepack(F.pad(q, (0, 2)), self.scale, kernel.removeprefix("int8-"))  # (N, K + 2)
+            self.ends = torch.tensor([1.0, -1.0])
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features).float()  # (M, K)
+        y = self._int_mm(rows) if self.kernel == "int8-onednn" else self._dynamic(rows)  # (M, N)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def _dynamic(self, rows: Tensor) -> Tensor:
+        row_scale = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12)  # (M, 1)
+        unit = torch.cat([rows / row_scale, self.ends.expand(rows.size(0), 2)], dim=1)  # (M, K + 2) in [-1, 1]
+        y = torch.ops.quantized.linear_dynamic(unit, self.packed, self.kernel == "int8-fbgemm")  # (M, N)
+        return y.mul_(row_scale) if self.bias is None else torch.addcmul(self.bias, y, row_scale)
+
+    def _int_mm(self, rows: Tensor) -> Tensor:
+        M = rows.size(0)
+        row_scale = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127)  # (M, 1)
+        q = (rows / row_scale).round_().to(torch.int8)  # (M, K) in [-127, 127]
+        if M % ROW_BUCKET:  # zero rows up to a bucket: oneDNN builds a kernel per shape, and a decoder's
+            q = F.pad(q, (0, 0, 0, ROW_BUCKET - M % ROW_BUCKET))  # row count changes at every step
+        y = torch._int_mm(q, self.weight_t)[:M].float().mul_(row_scale)  # (M, N), exact int32 products
+        return y.mul_(self.scale) if self.bias is None else torch.addcmul(self.bias, y, self.scale)
+
+
+def _prepack(q: Tensor, scale: Tensor, engine: str) -> object:
+    """int8 weights (N, K) with per-row `scale`, packed for `engine` (fbgemm | qnnpack)."""
+    previous = torch.backends.quantized.engine
+    try:
+        torch.backends.quantized.engine = engine
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the quantised tensor API's deprecation notice
+            zero = torch.zeros(q.size(0), dtype=torch.long)
+            w = torch._make_per_channel_quantized_tensor(q, scale.double(), zero, 0)
+            return torch.ops.quantized.linear_prepack(w, None)
+    finally:
+        torch.backends.quantized.engine = previous
+
+
+def _replace_modules(model: torch.nn.Module, kind: type, make: Callable[[torch.nn.Module], torch.nn.Module]) -> None:
+    """Every submodule of exactly type `kind` replaced by `make(module)`, in place."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is kind:
+                setattr(parent, name, make(child))

@@ -1,0 +1,374 @@
+"""`nmt serve`: the HTTP API and the web page (FastAPI + uvicorn, optional extra `nmt[serve]`).
+
+Routes (JSON unless noted; errors are `{"error": "one line"}` with a 4xx/5xx status):
+
+    GET  /               the web page (static files in nmt/serve/web, no build step, no CDN)
+    GET  /health         {"status": "ok"} once the model is loaded (the port opens only then)
+    GET  /info           model, checkpoint, config summary, decoding defaults, limits, eval scores
+    POST /translate      {"text": str | [str], "beam"?, "nbest"?, "len_penalty"?} → {"translations": [...]}
+    POST /attention      {"text": str, "translation"?: str, "layer"?: int} → source/target pieces + weights
+    GET  /run/curves     the training scalars (nmt/runlog.py)
+    GET  /run/evals      the run's eval reports, summarised
+    GET  /docs           the OpenAPI page FastAPI serves
+
+Sentences of concurrent requests are decoded together by `nmt.serve.batcher.Batcher`; every output
+is what `nmt translate` prints for the same line and settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr, ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+
+from nmt.errors import NmtError
+from nmt.runlog import curves_to_json, eval_summary, read_curves, read_eval_reports
+from nmt.serve.batcher import Batcher, BatchLimits, Decoding
+from nmt.serve.workers import ModelHost, ModelWorkers
+
+WEB_DIR = Path(__file__).resolve().parent / "web"
+
+
+@dataclass
+class ServeLimits:
+    """What one request may ask for; beyond it the answer is 413 (size) or 422 (values)."""
+
+    max_sentences: int = 64  # sentences per request
+    max_chars: int = 2000  # characters per sentence
+    max_body_bytes: int = 1 << 20  # request body
+    max_beam: int = 16
+    batch: BatchLimits = field(default_factory=BatchLimits)
+
+
+class TranslateRequest(BaseModel):
+    """Body of POST /translate."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: StrictStr | list[StrictStr]  # one sentence, or a list translated in order
+    beam: StrictInt | None = None  # default: the server's --beam, else decode.beam of the run
+    nbest: StrictInt = 1  # hypotheses per sentence (1..beam), with scores
+    len_penalty: StrictFloat | StrictInt | None = None  # default: decode.len_penalty
+
+
+class AttentionRequest(BaseModel):
+    """Body of POST /attention."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: StrictStr  # the Chinese sentence
+    translation: StrictStr | None = None  # the target to force; default: the server's best translation
+    layer: StrictInt | None = None  # one decoder layer (negative: from the end); default: mean of all
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+# --------------------------------------------------------------------------- request parsing
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body as JSON: 413 over `limit` bytes, 400 for invalid UTF-8 or malformed JSON."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body of {declared} bytes is over the limit of {limit}")
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise ApiError(413, f"request body is over the limit of {limit} bytes")
+    except ClientDisconnect:
+        raise ApiError(400, "client disconnected before the request body was complete") from None
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ApiError(400, f"request body is not valid UTF-8 (byte {e.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ApiError(400, f"malformed JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
+
+
+def parse(model: type[BaseModel], data: Any) -> Any:
+    """Validate against `model`; 422 naming the first bad field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        errors = [(_where(err["loc"]), err["msg"]) for err in e.errors()]
+        where = max((w for w, _ in errors), key=len)  # the most specific place, e.g. "text.2"
+        msgs = dict.fromkeys(m for w, m in errors if w == where)  # the alternatives of a union, once each
+        raise ApiError(422, f"{where}: {' | '.join(msgs)}") from None
+
+
+def _where(loc: tuple) -> str:
+    """'text.2' from pydantic's ('text', 'list[str]', 2): the top-level key and indices, no union branches."""
+    return ".".join(str(p) for p in loc[:1] + tuple(p for p in loc[1:] if isinstance(p, int))) or "body"
+
+
+def body_schema(model: type[BaseModel]) -> dict:
+    """OpenAPI entry for a route that reads its JSON body itself (to bound its size)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+
+# --------------------------------------------------------------------------- the service
+
+
+class Service:
+    """The model workers with their batcher, defaults and limits; the routes call its methods."""
+
+    def __init__(self, workers: ModelWorkers, run_dir: Path, limits: ServeLimits, beam: int | None = None) -> None:
+        """`workers`: the loaded model (`nmt.serve.workers`); the service owns them from then on."""
+        self.facts = workers.facts
+        d = self.facts.config.decode
+        self.run_dir, self.limits = Path(run_dir), limits
+        self.default = Decoding(beam=beam or d.beam, nbest=1, len_penalty=float(d.len_penalty))
+        self.batcher = Batcher(workers, limits.batch)
+        ckpt = self.facts.checkpoint  # the name is fixed once loaded (resolving it per request cost ~0.1 ms)
+        run_name = self.run_dir.resolve().name
+        self.model_name = f"{run_name}/{Path(ckpt).name}" if ckpt else run_name
+        self.engine_info = {"engine": self.facts.engine, "precision": self.facts.precision, "device": self.facts.device}
+
+    @classmethod
+    def load(cls, opts: Any, run_dir: Path, limits: ServeLimits) -> Service:
+        """Load the model of `opts` (`InferenceOptions`) on `limits.batch.workers` workers (0 =
+        `auto_workers`): one in this process, or several in child processes that share the cores
+        (cores // workers intra-op threads each, set after loading so that `--precision auto`
+        resolves as for `nmt translate` and the answers equal what it prints); nmt/serve/workers.py."""
+        from nmt.device import available_cores
+
+        count = limits.batch.workers or auto_workers(opts)
+        limits = replace(limits, batch=replace(limits.batch, workers=count))
+        if count == 1:
+            workers = ModelWorkers.in_process(lambda: ModelHost.load(opts))
+        else:
+            workers = ModelWorkers.in_children(opts, count, max(1, available_cores() // count))
+        return cls(workers, run_dir, limits, opts.beam)
+
+    # requests
+
+    def settings(self, req: TranslateRequest) -> Decoding:
+        lim, beam = self.limits, self.default.beam if req.beam is None else req.beam
+        if not 1 <= beam <= lim.max_beam:
+            raise ApiError(422, f"beam: {beam} is out of range (1..{lim.max_beam})")
+        if not 1 <= req.nbest <= beam:
+            raise ApiError(422, f"nbest: {req.nbest} is out of range (1..beam={beam})")
+        lp = self.default.len_penalty if req.len_penalty is None else float(req.len_penalty)
+        if not (math.isfinite(lp) and 0.0 <= lp <= 10.0):
+            raise ApiError(422, f"len_penalty: {lp} is out of range (0..10)")
+        return Decoding(beam, req.nbest, lp)
+
+    def check_lines(self, lines: list[str]) -> None:
+        lim = self.limits
+        if not lines:
+            raise ApiError(422, "text: the list of sentences is empty")
+        if len(lines) > lim.max_sentences:
+            raise ApiError(413, f"text: {len(lines)} sentences, the limit is {lim.max_sentences} per request")
+        for i, line in enumerate(lines):
+            if len(line) > lim.max_chars:
+                raise ApiError(413, f"text[{i}]: {len(line)} characters, the limit is {lim.max_chars}")
+
+    async def translate(self, req: TranslateRequest) -> dict[str, Any]:
+        lines = [req.text] if isinstance(req.text, str) else req.text
+        self.check_lines(lines)
+        s = self.settings(req)
+        start = time.perf_counter()
+        try:
+            found = await self.batcher.translate(lines, s)
+        except NmtError as e:
+            raise ApiError(422, str(e)) from None
+        except Exception as e:
+            raise ApiError(500, f"translation failed: {type(e).__name__}: {e}") from None
+        entries = []
+        for hyps in found:
+            entry: dict[str, Any] = {"text": hyps[0][0], "score": hyps[0][1]}
+            if s.nbest > 1:
+                entry["nbest"] = [{"text": t, "score": sc} for t, sc in hyps]
+            entries.append(entry)
+        return {
+            "translations": entries,
+            "model": self.model_name,
+            "settings": {**vars(s), **self.engine_info},  # vars: no deep copy (asdict) per request
+            "seconds": round(time.perf_counter() - start, 4),
+        }
+
+    async def attention(self, req: AttentionRequest) -> dict[str, Any]:
+        self.check_lines([req.text] + ([req.translation] if req.translation else []))
+        target = req.translation
+        if target is None:
+            target = (await self.batcher.translate([req.text], self.default))[0][0][0]
+        try:
+            amap = await self.batcher.run("attention", req.text, target, req.layer)
+        except (NmtError, IndexError) as e:
+            raise ApiError(422, str(e)) from None
+        return {**amap, "translation": target, "layer": req.layer}
+
+    # descriptions
+
+    @property
+    def batch_counts(self) -> dict[str, int]:
+        """Model calls made so far, the sentences they decoded, and the most in one call."""
+        st = self.batcher.stats
+        return {"model_calls": st.batches, "sentences_decoded": st.sentences, "largest_call": st.largest}
+
+    def info(self) -> dict[str, Any]:
+        from nmt.checkpoint import checkpoint_step
+
+        c, f = self.facts.config, self.facts
+        step = None
+        with contextlib.suppress(Exception):
+            step = checkpoint_step(Path(f.checkpoint)) if f.checkpoint else None
+        m = c.model
+        model = {k: getattr(m, k) for k in ("d_model", "heads", "encoder_layers", "decoder_layers", "ffn_dim")}
+        return {
+            "model": self.model_name,
+            "run": str(self.run_dir),
+            "checkpoint": f.checkpoint,
+            "step": step,
+            "config": {"name": c.name, "corpus": c.data.corpus, **model, "max_positions": m.max_positions},
+            "vocab": {"src": f.src_vocab, "tgt": f.tgt_vocab},
+            "decoding": {**asdict(self.default), **self.engine_info},
+            "limits": {k: v for k, v in asdict(self.limits).items() if k != "batch"},
+            "batching": {**asdict(self.limits.batch), "threads_per_worker": f.threads, **self.batch_counts},
+            "attention_maps": f.attention_maps,
+            "eval": [eval_summary(r) for r in read_eval_reports(self.run_dir)],
+        }
+
+
+def auto_workers(opts: Any) -> int:
+    """`--workers 0` for `opts` (`InferenceOptions`): with the native engine on a CPU one per core,
+    at most 4 (more workers split the same load into smaller batches; measured on 2 cores only);
+    on a GPU 1 (its kernels already use the whole device), and with CTranslate2 1 (it keeps its
+    own threads)."""
+    from nmt.device import available_cores, resolve_device
+
+    if opts.engine != "native" or resolve_device(opts.device).type == "cuda":
+        return 1
+    return min(available_cores(), 4)
+
+
+# --------------------------------------------------------------------------- the app
+
+
+def create_app(service: Service) -> FastAPI:
+    """The FastAPI app around a loaded `Service`; the batcher runs for the app's lifetime."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        service.batcher.start()
+        yield
+        await service.batcher.close()  # after uvicorn has finished the requests in flight
+
+    app = FastAPI(title="nmt", summary="Chinese→English translation", lifespan=lifespan)
+    app.state.service = service
+    _add_error_handlers(app)
+    app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(WEB_DIR / "index.html")
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok", "model": service.model_name}
+
+    @app.get("/info")
+    def info() -> dict[str, Any]:
+        return service.info()
+
+    @app.post("/translate", openapi_extra=body_schema(TranslateRequest), response_class=JSONResponse)
+    async def translate(request: Request) -> JSONResponse:
+        """Translate one sentence or a list; outputs in input order, n-best with scores."""
+        req = parse(TranslateRequest, await read_json(request, service.limits.max_body_bytes))
+        return JSONResponse(await service.translate(req))  # plain JSON: no response-model pass per request
+
+    @app.post("/attention", openapi_extra=body_schema(AttentionRequest))
+    async def attention(request: Request) -> dict[str, Any]:
+        """Cross-attention between a sentence's source pieces and a translation's target pieces."""
+        req = parse(AttentionRequest, await read_json(request, service.limits.max_body_bytes))
+        return await service.attention(req)
+
+    @app.get("/run/curves")
+    def curves() -> dict[str, Any]:  # plain def: file reading runs in FastAPI's thread pool
+        return curves_to_json(read_curves(service.run_dir))
+
+    @app.get("/run/evals")
+    def evals() -> list[dict[str, Any]]:
+        return [eval_summary(r) for r in read_eval_reports(service.run_dir)]
+
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, e: ApiError) -> JSONResponse:
+        return JSONResponse({"error": e.message}, status_code=e.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, e: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(e.detail)}, status_code=e.status_code, headers=e.headers)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, e: Exception) -> JSONResponse:
+        return JSONResponse({"error": f"internal error: {type(e).__name__}: {e}"}, status_code=500)
+
+
+# --------------------------------------------------------------------------- the server
+
+
+@dataclass
+class ServeOptions:
+    """Where `nmt serve` listens and what it accepts."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080  # 0: any free port (printed)
+    limits: ServeLimits = field(default_factory=ServeLimits)
+    log_level: str = "info"
+
+
+def serve(opts: Any, server: ServeOptions) -> None:
+    """Load the model of `opts` (`InferenceOptions`), then open the port and serve until SIGINT/SIGTERM.
+
+    Shutdown is graceful: no new connections, requests in flight are answered, then the
+    batcher stops. The socket is bound before uvicorn starts, so a busy port is a one-line error.
+    """
+    import socket
+
+    import uvicorn
+
+    from nmt.runs import resolve_run
+
+    _, run_dir = resolve_run(None, str(opts.run_dir) if opts.run_dir is not None else None)
+    sock = socket.socket(socket.AF_INET6 if ":" in server.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((server.host, server.port))  # bound (a busy port fails fast), listening only once loaded
+    except OSError as e:
+        sock.close()
+        raise NmtError(f"--host {server.host} --port {server.port}: cannot listen there ({e.strerror})") from None
+    port = sock.getsockname()[1]
+    try:
+        service = Service.load(opts, run_dir, server.limits)
+    except BaseException:
+        sock.close()
+        raise
+    f = service.facts
+    config = uvicorn.Config(create_app(service), log_level=server.log_level, timeout_graceful_shutdown=None)
+    print(
+        f"nmt serve: {service.model_name} ({f.engine}, {f.precision}, {f.device}, "
+        f"{service.batcher.workers.count} workers) on http://{server.host}:{port}/  (API docs: /docs; Ctrl-C to stop)",
+        flush=True,
+    )
+    uvicorn.Server(config).run(sockets=[sock])

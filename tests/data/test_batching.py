@@ -1,0 +1,144 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from synthetic import ListDataset
+
+from nmt import BOS_ID, EOS_ID, PAD_ID
+from nmt.data.batching import TokenBatchSampler, collate, length_groups, load_batch, pad_sources
+from nmt.errors import NmtError
+
+
+def random_lengths(n: int = 500, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 60, n), rng.integers(0, 60, n)
+
+
+def test_budget_respected_and_every_kept_pair_once_per_epoch():
+    src, tgt = random_lengths()
+    sampler = TokenBatchSampler(src, tgt, max_tokens=200, max_len=50, seed=3)
+    too_long = (src > 50) | (tgt > 50)
+    assert sampler.skipped == int(too_long.sum()) > 0
+    for epoch in range(3):
+        batches = sampler.epoch_batches(epoch)
+        for b in batches:
+            assert len(b) * (max(src[b].max(), tgt[b].max()) + 1) <= 200
+        seen = np.concatenate(batches)
+        assert sorted(seen.tolist()) == np.flatnonzero(~too_long).tolist()
+
+
+def test_batches_are_length_sorted_and_well_filled():
+    src, tgt = random_lengths(2000)
+    sampler = TokenBatchSampler(src, tgt, max_tokens=400, max_len=64, seed=1)
+    # greedy: adding the next pair (in length order) to a batch would break the budget
+    firsts = [b[0] for b in sampler.batches[1:]]
+    for b, nxt in zip(sampler.batches[:-1], firsts, strict=True):
+        longest = max(src[b].max(), tgt[b].max(), src[nxt], tgt[nxt]) + 1
+        assert (len(b) + 1) * longest > 400
+    assert sampler.padding_waste < 0.6
+
+
+def test_deterministic_per_seed_and_shuffled_per_epoch():
+    src, tgt = random_lengths()
+
+    def orders(seed: int) -> list[list[int]]:
+        s = TokenBatchSampler(src, tgt, max_tokens=300, max_len=64, seed=seed)
+        return [[int(b[0]) for b in s.epoch_batches(e)] for e in range(2)]
+
+    assert orders(5) == orders(5)
+    assert orders(5) != orders(6)
+    first, second = orders(5)
+    assert first != second and sorted(first) == sorted(second)
+
+
+def test_shards_have_equal_counts_and_are_disjoint():
+    src, tgt = random_lengths(700)
+    world = 3
+    shards = [TokenBatchSampler(src, tgt, 250, 64, seed=2, rank=r, world_size=world) for r in range(world)]
+    total = len(shards[0].batches)
+    for epoch in range(2):
+        per_rank = [s.epoch_batches(epoch) for s in shards]
+        assert len({len(p) for p in per_rank}) == 1 and len(per_rank[0]) == total // world
+        ids = np.concatenate([np.concatenate(p) for p in per_rank])
+        assert len(ids) == len(set(ids.tolist()))  # no pair on two ranks
+        dropped = total - world * len(per_rank[0])
+        assert dropped == total % world
+        # interleaved: rank r takes batches r, r+W, ... of the epoch order
+        order = shards[0].epoch_order(epoch)
+        assert all(np.array_equal(a, b) for a, b in zip(per_rank[1], order[1::world], strict=False))
+
+
+def test_too_few_batches_for_ranks_is_an_error():
+    with pytest.raises(NmtError, match="ranks"):
+        TokenBatchSampler(np.array([3]), np.array([3]), 100, 10, rank=0, world_size=2)
+
+
+def test_resume_mid_epoch_continues_the_same_order():
+    src, tgt = random_lengths()
+    sampler = TokenBatchSampler(src, tgt, 300, 64, seed=9)
+    full = list(sampler.iter_epoch(4))
+    rest = list(sampler.iter_epoch(4, start=7))
+    assert len(rest) == len(full) - 7
+    assert all(np.array_equal(a, b) for a, b in zip(full[7:], rest, strict=True))
+
+
+def test_no_shuffle_keeps_length_order():
+    src, tgt = random_lengths()
+    sampler = TokenBatchSampler(src, tgt, 300, 64, seed=9, shuffle=False)
+    firsts = [int(src[b[0]]) for b in sampler.epoch_batches(0)]
+    assert firsts == sorted(firsts)
+
+
+def test_collate_adds_bos_eos_and_right_pads():
+    src, tgt_in, tgt_out = collate([([5, 6, 7], [8]), ([9], [10, 11, 12, 13])])
+    assert src.tolist() == [[5, 6, 7, EOS_ID], [9, EOS_ID, PAD_ID, PAD_ID]]
+    assert tgt_in.tolist() == [[BOS_ID, 8, PAD_ID, PAD_ID, PAD_ID], [BOS_ID, 10, 11, 12, 13]]
+    assert tgt_out.tolist() == [[8, EOS_ID, PAD_ID, PAD_ID, PAD_ID], [10, 11, 12, 13, EOS_ID]]
+    assert src.dtype == tgt_in.dtype == torch.long
+
+
+def test_padding_waste_matches_collated_batches():
+    rng = np.random.default_rng(4)
+    pairs = [(list(rng.integers(4, 50, rng.integers(1, 20))), list(rng.integers(4, 50, rng.integers(1, 20))))
+             for _ in range(200)]  # fmt: skip
+    data = ListDataset(pairs)
+    sampler = TokenBatchSampler(data.src_lengths, data.tgt_lengths, 120, 64, seed=1)
+    pad = slots = 0
+    for b in sampler.batches:
+        src, _, tgt_out = load_batch(data, b)
+        pad += int((src == PAD_ID).sum() + (tgt_out == PAD_ID).sum())
+        slots += src.numel() + tgt_out.numel()
+    assert sampler.padding_waste == pytest.approx(pad / slots)
+    assert sampler.kept == len(pairs)
+
+
+def test_pad_sources_is_the_one_source_batch():
+    from nmt.decode import engines
+
+    seqs = [[5, 6, 7], [8], []]
+    src = pad_sources(seqs)
+    assert src.tolist() == [[5, 6, 7, EOS_ID], [8, EOS_ID, PAD_ID, PAD_ID], [EOS_ID, PAD_ID, PAD_ID, PAD_ID]]
+    assert src.dtype == torch.long
+    assert engines.pad_sources is pad_sources  # the decoding engines use the same function
+    pairs = [(np.array(s, dtype=np.int32), np.array([9], dtype=np.int32)) for s in seqs]
+    assert torch.equal(collate(pairs)[0], src)  # and so does training's collate
+
+
+def test_length_groups_split_mixed_lengths_and_keep_even_ones_whole():
+    mixed = [3, 30, 9, 12, 28, 4, 10, 29, 3, 11, 27, 5]
+    groups = length_groups(mixed)
+    assert sorted(i for g in groups for i in g) == list(range(len(mixed)))  # every row once
+    assert [[mixed[i] for i in g] for g in groups] == [[30, 29, 28, 27], [12, 11, 10, 9], [5, 4, 3, 3]]
+    assert length_groups([10, 9, 10, 8, 9, 10, 9, 8]) == [[0, 2, 5, 1, 4, 6, 3, 7]]  # nothing to gain: one group
+
+
+def test_length_groups_never_leave_a_group_below_min_rows():
+    groups = length_groups([40, 2, 38, 39, 37, 36, 3], min_rows=4)  # the two short rows join the long group
+    assert len(groups) == 1 and len(groups[0]) == 7
+    for lengths in ([1], [5, 1], list(range(1, 30)), [50] * 3 + [1] * 9):
+        groups = length_groups(lengths, min_rows=3)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        assert len(groups) == 1 or min(len(g) for g in groups) >= 3
+        for g in groups:
+            assert [lengths[i] for i in g] == sorted((lengths[i] for i in g), reverse=True)

@@ -1,0 +1,493 @@
+"""nmt.data.corpus: mirror readers, train cleaning rules, raw valid/test, bad input, atomic output, stamps."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from nmt.config import Config, config_from_dict
+from nmt.data.corpus import length_ratio, prepare_corpus
+from nmt.data.normalize import normalize_source, normalize_target
+from nmt.data.recipes import RECIPES
+from nmt.errors import NmtError
+
+VALID = [("我们去公园吧。", "Let's go to the park."), ("他很高。", "He is tall.")]
+TEST = [("我喜欢猫。", "I like cats."), ("今天下雨。", "It rains today.")]
+TRAIN = [
+    ("我爱你。", "I love you."),
+    ("你好吗", "How are you?"),
+    ("这是一本书。", "This is a book."),
+    ("她在看电视。", "She is watching TV."),
+]
+
+
+def config(**data) -> Config:
+    return config_from_dict({"name": "t", "data": {"corpus": "tatoeba", **data}})
+
+
+def write_jsonl(path: Path, pairs, raw_lines: dict[int, bytes] | None = None) -> Path:
+    """pairs as HF translation records; raw_lines[i] replaces line i (0-based) with raw bytes."""
+    lines = [json.dumps({"translation": {"zh": z, "en": e}}, ensure_ascii=False).encode() for z, e in pairs]
+    for i, raw in (raw_lines or {}).items():
+        lines.insert(i, raw)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def mirror(root: Path, train=TRAIN, valid=VALID, test=TEST, subdir: str = "tatoeba-zh-en") -> Path:
+    folder = root / subdir if subdir else root
+    write_jsonl(folder / "train.jsonl", train)
+    write_jsonl(folder / "validation.jsonl", valid)
+    write_jsonl(folder / "test.jsonl", test)
+    return root
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def run(tmp_path: Path, train=TRAIN, valid=VALID, test=TEST, **data) -> tuple[dict, Path]:
+    root = mirror(tmp_path / "m", train, valid, test)
+    stats = prepare_corpus(config(**data), tmp_path / "run", mirror=str(root))
+    return stats, tmp_path / "run" / "corpus"
+
+
+def check_invariant(stats: dict) -> None:
+    for split in ("train", "valid", "test"):
+        s = stats[split]
+        assert s["read"] == s["kept"] + sum(s["dropped"].values()), split
+
+
+# --------------------------------------------------------------------------- cleaning rules
+
+
+def test_clean_corpus_is_written_with_stats(tmp_path):
+    stats, out = run(tmp_path)
+    assert lines(out / "train.zh") == [z for z, _ in TRAIN]
+    assert lines(out / "train.en") == [e for _, e in TRAIN]
+    assert stats["train"]["kept"] == 4 and stats["valid"]["kept"] == 2 and stats["test"]["kept"] == 2
+    assert json.loads((out / "stats.json").read_text()) == stats
+    check_invariant(stats)
+
+
+def test_empty_pairs_are_dropped_and_counted(tmp_path):
+    stats, out = run(tmp_path, TRAIN + [("", "Hello."), ("你好", "   "), ("\u3000", "Hi.")])
+    assert stats["train"]["dropped"]["empty"] == 3
+    assert "Hello." not in lines(out / "train.en") and "你好" not in lines(out / "train.zh")
+    check_invariant(stats)
+
+
+def test_too_long_pairs_are_dropped(tmp_path):
+    long_zh = "我" * 31
+    stats, out = run(tmp_path, TRAIN + [(long_zh, "I " * 10)], max_chars=30)
+    assert stats["train"]["dropped"]["too_long"] == 1
+    assert long_zh not in lines(out / "train.zh")
+
+
+def test_length_ratio_drops_unbalanced_pairs(tmp_path):
+    data = config().data
+    assert length_ratio("这是一本书。", "This is a book.", data) < 2.0
+    bad = ("好。", "This is a much longer English sentence than the two characters on the other side.")
+    stats, out = run(tmp_path, TRAIN + [bad], max_ratio=9.0)
+    assert stats["train"]["dropped"]["ratio"] == 1
+    assert bad[1] not in lines(out / "train.en")
+    stats, out = run(tmp_path / "loose", TRAIN + [bad], max_ratio=100.0)
+    assert stats["train"]["dropped"]["ratio"] == 0 and bad[1] in lines(out / "train.en")
+
+
+def test_duplicates_are_dropped_after_normalisation(tmp_path):
+    dup = ("我愛你。", "I  love you.")  # same as TRAIN[0] after t2s and whitespace collapse
+    stats, out = run(tmp_path, TRAIN + [dup, TRAIN[1]])
+    assert stats["train"]["dropped"]["duplicate"] == 2
+    assert lines(out / "train.zh").count("你好吗") == 1
+    stats, _ = run(tmp_path / "nodedup", TRAIN + [TRAIN[1]], dedup=False)
+    assert stats["train"]["dropped"]["duplicate"] == 0 and stats["train"]["kept"] == 5
+
+
+def test_overlap_with_valid_or_test_is_dropped(tmp_path):
+    leaks = [("他很高。", "Some other English."), ("别的句子。", "I like cats."), ("我們去公園吧。", "Go to park.")]
+    stats, out = run(tmp_path, TRAIN + leaks)
+    assert stats["train"]["dropped"]["overlap"] == 3  # zh of valid; en of test; zh of valid after t2s
+    assert lines(out / "train.zh") == [z for z, _ in TRAIN]
+    stats, _ = run(tmp_path / "off", TRAIN + leaks, filter_overlap=False)
+    assert stats["train"]["dropped"]["overlap"] == 0 and stats["train"]["kept"] == 7
+
+
+def test_t2s_converts_traditional_train_source(tmp_path):
+    _, out = run(tmp_path, [("我們說國語。", "We speak Mandarin.")])
+    assert lines(out / "train.zh") == ["我们说国语。"]
+    _, out = run(tmp_path / "off", [("我們說國語。", "We speak Mandarin.")], t2s=False)
+    assert lines(out / "train.zh") == ["我們說國語。"]
+
+
+def test_nfkc_folds_full_width_forms(tmp_path):
+    pair = ("ＡＢＣ１２３，好！", "Ｆｕｌｌ width")
+    _, out = run(tmp_path, [pair])
+    assert lines(out / "train.zh") == ["ABC123,好!"] and lines(out / "train.en") == ["Full width"]
+    _, out = run(tmp_path / "off", [pair], nfkc=False)
+    assert lines(out / "train.zh") == [pair[0]]
+
+
+def test_internal_newlines_and_tabs_become_spaces(tmp_path):
+    _, out = run(tmp_path, [("你好\n世界", "Hello\tthere\r\nworld \u2028 again")])
+    assert lines(out / "train.zh") == ["你好 世界"] and lines(out / "train.en") == ["Hello there world again"]
+
+
+def test_valid_and_test_are_raw_references(tmp_path):
+    valid = [("  我們說國語。 ", "ＦＵＬＬ\nwidth "), ("", ""), ("他很高。", "He is tall.")]
+    test = [("頭髮\t很長", ""), ("我喜欢猫。", "I like cats.")]
+    stats, out = run(tmp_path, valid=valid, test=test)
+    assert lines(out / "valid.zh") == ["我們說國語。", "他很高。"]  # no t2s, no NFKC
+    assert lines(out / "valid.en") == ["ＦＵＬＬ width", "He is tall."]
+    assert stats["valid"]["dropped"]["empty"] == 1  # both sides empty: dropped from valid only
+    assert lines(out / "test.zh") == ["頭髮 很長", "我喜欢猫。"] and lines(out / "test.en") == ["", "I like cats."]
+    assert stats["test"]["kept"] == 2
+    check_invariant(stats)
+
+
+def test_normalize_source_matches_training(tmp_path):
+    data = config().data
+    assert normalize_source(" 我們說國語 ！", data) == "我们说国语 !"
+    assert normalize_target("Ｈｉ  there", data) == "Hi there"
+
+
+def test_max_train_pairs_subsamples_with_seed_in_order(tmp_path):
+    train = [(f"句子{i}。", f"Sentence {i}.") for i in range(60)]
+    stats, out = run(tmp_path, train, max_train_pairs=10, seed=3)
+    got = lines(out / "train.en")
+    assert len(got) == 10 and stats["train"]["dropped"]["subsampled"] == 50
+    assert got == sorted(got, key=lambda s: int(s.split()[1].rstrip(".")))  # original order kept
+    _, again = run(tmp_path / "same", train, max_train_pairs=10, seed=3)
+    _, other = run(tmp_path / "other", train, max_train_pairs=10, seed=4)
+    assert lines(again / "train.en") == got and lines(other / "train.en") != got
+    check_invariant(stats)
+
+
+# --------------------------------------------------------------------------- mirror readers
+
+
+def test_tsv_mirror(tmp_path):
+    root = tmp_path / "m"
+    root.mkdir()
+    for name, pairs in (("train", TRAIN), ("validation", VALID), ("test", TEST)):
+        (root / f"{name}.tsv").write_text("".join(f"{z}\t{e}\tattribution\n" for z, e in pairs), encoding="utf-8")
+    stats = prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    assert lines(tmp_path / "run/corpus/train.en") == [e for _, e in TRAIN]
+    assert stats["valid"]["source"].endswith("validation.tsv")
+
+
+def test_plain_parallel_mirror(tmp_path):
+    root = tmp_path / "m"
+    root.mkdir()
+    for name, pairs in (("train", TRAIN), ("valid", VALID), ("test", TEST)):
+        (root / f"{name}.zh").write_text("".join(z + "\n" for z, _ in pairs), encoding="utf-8")
+        (root / f"{name}.en").write_text("".join(e + "\n" for _, e in pairs), encoding="utf-8")
+    prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    assert lines(tmp_path / "run/corpus/train.zh") == [z for z, _ in TRAIN]
+    assert lines(tmp_path / "run/corpus/test.en") == [e for _, e in TEST]
+
+
+def test_recipe_subdir_and_direct_files(tmp_path):
+    sub = mirror(tmp_path / "sub", subdir="tatoeba-zh-en")
+    direct = mirror(tmp_path / "direct", train=TRAIN[:2], subdir="")
+    assert prepare_corpus(config(), tmp_path / "r1", mirror=str(sub))["train"]["kept"] == 4
+    assert prepare_corpus(config(), tmp_path / "r2", mirror=str(direct))["train"]["kept"] == 2
+
+
+def test_mirror_from_env_and_config(tmp_path, monkeypatch):
+    root = mirror(tmp_path / "m")
+    monkeypatch.setenv("NMT_MIRROR", str(root))
+    assert prepare_corpus(config(), tmp_path / "r1")["train"]["kept"] == 4
+    monkeypatch.setenv("NMT_MIRROR", str(tmp_path / "nowhere"))
+    assert prepare_corpus(config(mirror=str(root)), tmp_path / "r2")["train"]["kept"] == 4  # config wins
+    with pytest.raises(NmtError, match="nowhere.*NMT_MIRROR"):
+        prepare_corpus(config(), tmp_path / "r3")
+
+
+def test_hub_path_streams_with_datasets(tmp_path, monkeypatch):
+    calls = []
+
+    def load_dataset(name, cfg, split, streaming, **kw):
+        calls.append((name, cfg, split, streaming))
+        pairs = {"train": TRAIN, "validation": VALID, "test": TEST}[split]
+        return iter([{"translation": {"zh": z, "en": e}} for z, e in pairs] + [{"translation": {"zh": "x"}}])
+
+    monkeypatch.delenv("NMT_MIRROR", raising=False)
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.setattr("nmt.data.hub.check_reachable", lambda dataset: None)
+    with pytest.warns(UserWarning, match="record missing 'en'"):
+        stats = prepare_corpus(config(corpus="wmt17"), tmp_path / "run")
+    assert {c[2] for c in calls} == {"train", "validation", "test"} and all(c[3] for c in calls)
+    assert calls[0][:2] == (RECIPES["wmt17"].hub, "zh-en") and stats["train"]["kept"] == 4
+
+
+def test_test_codes_are_copied_and_stay_aligned(tmp_path):
+    root = mirror(tmp_path / "m", subdir="")
+    write_jsonl(root / "test.jsonl", TEST, raw_lines={1: b"{broken"})
+    (root / "test.codes.txt").write_text("cmn_Hans\ncmn_Hant\ncmn\n")
+    with pytest.warns(UserWarning, match=r"test.jsonl:2: invalid JSON"):
+        prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    out = tmp_path / "run/corpus"
+    assert lines(out / "test.codes") == ["cmn_Hans", "cmn"] and len(lines(out / "test.zh")) == 2
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_malformed_json_line_is_skipped_with_warning(tmp_path):
+    root = mirror(tmp_path / "m", subdir="")
+    write_jsonl(root / "train.jsonl", TRAIN, raw_lines={1: b'{"translation": {"zh": "x"', 3: b"not json"})
+    with pytest.warns(UserWarning, match=r"train\.jsonl:2: invalid JSON \(skipped 2 bad lines\)"):
+        stats = prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    assert stats["train"]["dropped"]["bad_line"] == 2 and stats["train"]["kept"] == 4
+    check_invariant(stats)
+
+
+def test_record_missing_a_language_is_skipped(tmp_path):
+    root = mirror(tmp_path / "m", subdir="")
+    write_jsonl(root / "train.jsonl", TRAIN, raw_lines={0: json.dumps({"translation": {"zh": "只有中文"}}).encode()})
+    with pytest.warns(UserWarning, match=r"train\.jsonl:1: record missing 'en' \(skipped 1 bad line\)"):
+        stats = prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    assert stats["train"]["dropped"]["bad_line"] == 1
+
+
+def test_invalid_utf8_is_skipped(tmp_path):
+    root = mirror(tmp_path / "m", subdir="")
+    write_jsonl(root / "train.jsonl", TRAIN, raw_lines={2: b'{"translation": {"zh": "\xff\xfe", "en": "x"}}'})
+    with pytest.warns(UserWarning, match=r"train\.jsonl:3: invalid UTF-8"):
+        stats = prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    assert stats["train"]["dropped"]["bad_line"] == 1 and stats["train"]["kept"] == 4
+
+
+def test_split_with_nothing_usable_names_the_file(tmp_path):
+    root = mirror(tmp_path / "m", subdir="")
+    (root / "train.jsonl").write_bytes(b"nope\n{}\n")
+    with pytest.warns(UserWarning), pytest.raises(NmtError, match=r"train\.jsonl: no usable train pairs"):
+        prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+
+
+def test_plain_files_with_different_line_counts(tmp_path):
+    root = mirror(tmp_path / "m", subdir="")
+    (root / "train.jsonl").unlink()
+    (root / "train.zh").write_text("一\n二\n三\n", encoding="utf-8")
+    (root / "train.en").write_text("one\ntwo\n", encoding="utf-8")
+    with pytest.raises(NmtError, match=r"train\.zh has 3 lines but .*train\.en has 2"):
+        prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+
+
+def test_empty_corpus_after_cleaning(tmp_path):
+    train = [VALID[0], ("", "Nothing."), ("好。", "A very long English sentence facing two characters only.")]
+    with pytest.raises(
+        NmtError, match=r"train\.jsonl: no train pairs left after cleaning .*empty=1, ratio=1, overlap=1"
+    ):
+        run(tmp_path, train)
+
+
+def test_missing_mirror_dir(tmp_path):
+    with pytest.raises(NmtError, match=r"absent: mirror directory not found \(from --mirror\)"):
+        prepare_corpus(config(), tmp_path / "run", mirror=str(tmp_path / "absent"))
+
+
+def test_unknown_corpus_suggests(tmp_path):
+    with pytest.raises(
+        NmtError, match=r"data\.corpus: unknown corpus 'tatoba' \(did you mean 'tatoeba'\?\); known: .*wmt19"
+    ):
+        prepare_corpus(config(corpus="tatoba"), tmp_path / "run", mirror=str(tmp_path))
+
+
+def test_corpus_without_train_split(tmp_path):
+    root = tmp_path / "m"
+    write_jsonl(root / "wmt-news-zh-en" / "validation.jsonl", VALID)  # like the real mirror: no train file
+    write_jsonl(root / "wmt-news-zh-en" / "test.jsonl", TEST)
+    with pytest.raises(NmtError, match="'wmt_news' has no train split.*evaluation"):
+        prepare_corpus(config(corpus="wmt_news"), tmp_path / "run", mirror=str(root))
+
+
+# --------------------------------------------------------------------------- atomic output and stamps
+
+
+def test_failure_leaves_no_partial_files(tmp_path):
+    root = mirror(tmp_path / "m", subdir="")
+    (root / "train.jsonl").write_bytes(b"garbage\n")
+    with pytest.warns(UserWarning), pytest.raises(NmtError):
+        prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    assert list((tmp_path / "run/corpus").iterdir()) == []  # valid/test were written to temp files only
+
+
+def test_failed_rerun_keeps_previous_corpus(tmp_path):
+    root = mirror(tmp_path / "m", subdir="")
+    prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    out = tmp_path / "run/corpus"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    write_jsonl(root / "validation.jsonl", [("新的", "new")])
+    (root / "train.jsonl").write_bytes(b"garbage\n")
+    with pytest.warns(UserWarning), pytest.raises(NmtError):
+        prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert not (tmp_path / "run/download.stamp.json").exists()  # so the next call redoes it
+
+
+def test_second_call_is_skipped_and_changed_input_redone(tmp_path):
+    root = mirror(tmp_path / "m")
+    stats = prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    stamp, train_zh = tmp_path / "run/download.stamp.json", tmp_path / "run/corpus/train.zh"
+    mtimes = (stamp.stat().st_mtime_ns, train_zh.stat().st_mtime_ns)
+    time.sleep(0.01)
+    assert prepare_corpus(config(), tmp_path / "run", mirror=str(root)) == stats
+    assert (stamp.stat().st_mtime_ns, train_zh.stat().st_mtime_ns) == mtimes
+    write_jsonl(root / "tatoeba-zh-en/train.jsonl", TRAIN[:2])
+    assert prepare_corpus(config(), tmp_path / "run", mirror=str(root))["train"]["kept"] == 2
+    assert lines(train_zh) == [z for z, _ in TRAIN[:2]] and stamp.stat().st_mtime_ns != mtimes[0]
+    assert prepare_corpus(config(max_chars=11), tmp_path / "run", mirror=str(root))["train"]["kept"] == 1
+
+
+# --------------------------------------------------------------------------- a whole mirror
+
+
+def test_a_mirror_in_the_hub_schema(any_mirror, tmp_path, request):
+    """The generated mirror everywhere, the real one (../shared/data) where it exists."""
+    stats = prepare_corpus(config(max_train_pairs=500), tmp_path / "run", mirror=str(any_mirror))
+    out, src = tmp_path / "run/corpus", any_mirror / "tatoeba-zh-en"
+    raw_valid = [json.loads(line)["translation"] for line in (src / "validation.jsonl").open(encoding="utf-8")]
+    assert lines(out / "valid.zh") == [r["zh"] for r in raw_valid]  # untouched (already stripped)
+    assert lines(out / "test.codes") == lines(src / "test.codes.txt")
+    assert stats["test"]["kept"] == len(lines(out / "test.en")) == len(lines(src / "test.jsonl"))
+    assert stats["train"]["kept"] == 500
+    if request.node.callspec.params["any_mirror"] == "real":
+        assert stats["test"]["kept"] == 8927 and stats["train"]["dropped"]["overlap"] > 0  # t2s exposes leaks
+    assert all(os.path.getsize(out / f) > 0 for f in ("train.zh", "train.en"))
+    check_invariant(stats)
+
+
+# --------------------------------------------------------------------------- the default corpus from the hub
+
+
+# Real rows of Helsinki-NLP/tatoeba_mt, config eng-zho (Tatoeba Challenge v2021-08-07 test, CC-BY 2.0 FR,
+# tatoeba.org contributors), in the columns and order of the hub's Parquet conversion.
+def tatoeba_row(code: str, en: str, zh: str) -> dict:
+    return {"sourceLang": "eng", "targetlang": code, "sourceString": en, "targetString": zh}
+
+
+HUB_TEST = [
+    tatoeba_row("cjy_Hans", "Tom isn't going to give me that.", "汤姆不会同意的"),
+    tatoeba_row("cmn_Hans", "2016 was the hottest year on record.", "2016年是有记录以来最热的一年。"),
+    tatoeba_row("cmn_Hans", "Are you a teacher?", "你是不是老师？"),
+    tatoeba_row("cmn_Hans", "It's too late to apologize.", "现在道歉也迟了。"),
+    tatoeba_row("cmn_Hant", "A little learning is a dangerous thing.", "一知半解很危險。"),
+    tatoeba_row("cmn_Hant", "I have lived here for ten years.", "我在這裏住了十年。"),
+    tatoeba_row("cmn", "Nancy looks like my sister.", "Nancyå¾åæçå¤§å§ã"),
+    tatoeba_row("wuu", "40 dollars for seven days.", "七日天四十块美金。"),
+    tatoeba_row("yue_Hant", "Abandon ship!", "棄船呀！"),
+]
+
+
+def hub_dev(n: int = 90) -> list[dict]:
+    """Dev rows in the same columns (sentences from tests/synthetic.py), one of them sharing a test side."""
+    from synthetic import pairs, script_code
+
+    rows = [tatoeba_row(script_code(zh), en, zh) for zh, en in pairs(n, seed=3)]
+    rows.insert(5, tatoeba_row("yue_Hans", "Abandon ship!", "弃船呀！"))
+    rows.insert(9, tatoeba_row("cmn_Hans", "Are you a teacher?", "您是老师吗？"))  # English of a test row
+    return rows
+
+
+def fake_tatoeba_hub(monkeypatch, calls: list, tables: dict[str, list[dict]]) -> None:
+    """`datasets.load_dataset` as it answers for the Parquet conversion of Helsinki-NLP/tatoeba_mt."""
+
+    import inspect
+
+    real = inspect.signature(__import__("datasets").load_dataset)
+
+    def load_dataset(path, name=None, *, split=None, streaming=False, revision=None, data_files=None, **kw):
+        real.bind(path, name, split=split, streaming=streaming, revision=revision, data_files=data_files, **kw)
+        calls.append({"path": path, "name": name, "split": split, "revision": revision, "data_files": data_files})
+        assert name is None and streaming and not kw and list(data_files) == [split]
+        config, hub_split, files = data_files[split].split("/")
+        found = path == "Helsinki-NLP/tatoeba_mt" and revision == "refs/convert/parquet"
+        if not (found and config == "eng-zho" and hub_split == split and files == "*.parquet" and split in tables):
+            raise FileNotFoundError(f"Unable to find 'hf://datasets/{path}@{revision}/{data_files[split]}'")
+        return (dict(row) for row in tables[split])
+
+    monkeypatch.delenv("NMT_MIRROR", raising=False)
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.setattr("nmt.data.hub.check_reachable", lambda dataset: None)
+
+
+def test_default_corpus_comes_from_the_tatoeba_parquet_conversion(tmp_path, monkeypatch):
+    calls: list = []
+    fake_tatoeba_hub(monkeypatch, calls, {"test": HUB_TEST, "validation": hub_dev()})
+    stats = prepare_corpus(config(), tmp_path / "run")
+    out = tmp_path / "run" / "corpus"
+    assert {c["split"] for c in calls} == {"validation", "test"}
+    assert all(c["data_files"] == {c["split"]: f"eng-zho/{c['split']}/*.parquet"} for c in calls)
+    mandarin = [r for r in HUB_TEST if r["targetlang"] in ("cmn_Hans", "cmn_Hant", "cmn")]  # file order kept
+    assert lines(out / "test.zh") == [r["targetString"] for r in mandarin]
+    assert lines(out / "test.en") == [r["sourceString"] for r in mandarin]
+    assert lines(out / "test.codes") == ["cmn_Hans"] * 3 + ["cmn_Hant"] * 2 + ["cmn"]
+    valid, train = lines(out / "valid.en"), lines(out / "train.en")
+    dev_mandarin = [r for r in hub_dev() if r["targetlang"].startswith("cmn")]
+    assert 0 < len(valid) < len(dev_mandarin) // 4 and not set(valid) & set(train)
+    assert "Are you a teacher?" not in train and stats["train"]["dropped"]["overlap"] == 1  # the overlap guard
+    assert len(valid) + stats["train"]["read"] == len(dev_mandarin)
+    assert "弃船呀！" not in lines(out / "train.zh") + lines(out / "valid.zh")  # Cantonese rows are not Mandarin
+    check_invariant(stats)
+
+
+def test_hub_validation_sample_is_stable_and_about_one_in_eighteen():
+    from nmt.data.recipes import TATOEBA_VALID_EVERY, HubSplit
+
+    english = [f"Sentence number {i}." for i in range(3600)]
+    valid = HubSplit("validation", every=TATOEBA_VALID_EVERY)
+    rest = HubSplit("validation", every=TATOEBA_VALID_EVERY, rest=True)
+    picked = [e for e in english if valid.keeps(e)]
+    assert all(valid.keeps(e) != rest.keeps(e) for e in english)
+    assert 150 < len(picked) < 250 and picked == [e for e in english if valid.keeps(e)]
+
+
+def test_missing_hub_files_fail_in_one_line_naming_the_dataset(tmp_path, monkeypatch):
+    fake_tatoeba_hub(monkeypatch, [], {"test": HUB_TEST})  # no validation folder
+    with pytest.raises(NmtError) as err:
+        prepare_corpus(config(), tmp_path / "run")
+    msg = str(err.value)
+    assert "\n" not in msg and "Helsinki-NLP/tatoeba_mt (eng-zho, validation)" in msg
+    assert "--mirror DIR" in msg and "NMT_MIRROR" in msg and not (tmp_path / "run" / "corpus" / "test.zh").exists()
+
+
+@pytest.mark.parametrize(
+    "env", [{"HF_ENDPOINT": "http://127.0.0.1:9"}, {"HF_HUB_OFFLINE": "1"}], ids=["unreachable", "offline"]
+)
+def test_download_without_mirror_or_network_fails_fast_in_one_line(tmp_path, env):
+    """The real `datasets`: no hub (refused connection, or offline mode with an empty cache) → one line, seconds."""
+    pytest.importorskip("datasets", reason="the hub path needs the datasets package")
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "NMT_MIRROR"))}
+    root = Path(__file__).resolve().parents[2]
+    run_env = keep | env | {"HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": str(root)}
+    cmd = [sys.executable, "-m", "nmt", "download", "-c", str(root / "configs/tiny.yaml"), "--run", str(tmp_path / "r")]
+    start = time.monotonic()
+    done = subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    seconds = time.monotonic() - start
+    assert done.returncode == 1 and seconds < 60, (seconds, done.stderr[-2000:])
+    err = done.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "Helsinki-NLP/tatoeba_mt" in err and "--mirror DIR" in err and "NMT_MIRROR" in err
+
+
+def test_one_pair_corpus_saved_with_a_bom(tmp_path):
+    """A Windows editor's UTF-8 BOM before the first record loses nothing (it used to drop the only pair)."""
+    root = mirror(tmp_path / "m", train=TRAIN[:1], subdir="")
+    for name in ("train.jsonl", "validation.jsonl", "test.jsonl"):
+        (root / name).write_bytes("\ufeff".encode() + (root / name).read_bytes())
+    (root / "test.codes.txt").write_bytes("\ufeffcmn_Hans\ncmn_Hant\n".encode())
+    stats = prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    out = tmp_path / "run" / "corpus"
+    assert stats["train"]["kept"] == 1 and stats["train"]["dropped"]["bad_line"] == 0
+    assert lines(out / "train.zh") == [TRAIN[0][0]] and lines(out / "valid.zh")[0] == VALID[0][0]
+    assert lines(out / "test.codes") == ["cmn_Hans", "cmn_Hant"]

@@ -1,0 +1,243 @@
+"""nmt.data.vocab: two SentencePiece models with shared special ids, encoding of every split, stamps."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nmt import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from nmt.config import Config, config_from_dict
+from nmt.data.corpus import prepare_corpus
+from nmt.data.encoded import ParallelSplit
+from nmt.data.normalize import normalize_source, normalize_target
+from nmt.data.passthrough import PLACEHOLDERS, Detector, mask_pair
+from nmt.data.vocab import Tokenizer, build_vocab, load_tokenizers
+from nmt.errors import NmtError
+
+
+def config(vocab: dict | None = None, **data) -> Config:
+    vocab = {"src_size": 1200, "tgt_size": 600, "workers": 2, **(vocab or {})}
+    return config_from_dict(
+        {"name": "t", "data": {"corpus": "tatoeba", "max_train_pairs": 1500, **data}, "vocab": vocab}
+    )
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory) -> tuple[Config, Path, dict]:
+    """A generated corpus with a real-sized character inventory (synthetic.vocab_pairs: 3,000 train lines
+    → 1,500 pairs, 500 valid, 500 test), corpus + vocab built once and shared by the tests."""
+    from synthetic import write_mirror
+
+    root = tmp_path_factory.mktemp("real")
+    write_mirror(root / "m", train=3000, valid=500, test=500, rich=True)
+    cfg, run = config(), root / "run"
+    prepare_corpus(cfg, run, mirror=str(root / "m"))
+    return cfg, run, build_vocab(cfg, run)
+
+
+@pytest.fixture(params=["generated", pytest.param("real", marks=pytest.mark.real_data)])
+def first_lines(request, tmp_path) -> Path:
+    """A mirror of 3,000 train, 500 valid and 500 test lines: generated with a real-sized character
+    inventory, and the first lines of the real mirror where it exists."""
+    from synthetic import write_mirror
+
+    root = tmp_path / "m"
+    if request.param == "generated":
+        return write_mirror(root, train=3000, valid=500, test=500, rich=True)
+    (root / "tatoeba-zh-en").mkdir(parents=True)
+    for name, keep in (("train.jsonl", 3000), ("validation.jsonl", 500), ("test.jsonl", 500)):
+        with open(request.getfixturevalue("shared_data") / "tatoeba-zh-en" / name, encoding="utf-8") as f:
+            (root / "tatoeba-zh-en" / name).write_text("".join(itertools.islice(f, keep)), encoding="utf-8")
+    return root
+
+
+def test_validation_has_no_unk(first_lines, tmp_path):
+    """Byte fallback leaves no <unk> on Traditional and rare characters."""
+    root = first_lines
+    cfg = config()
+    prepare_corpus(cfg, tmp_path / "run", mirror=str(root))
+    report = build_vocab(cfg, tmp_path / "run")
+    assert report["zh"]["valid_unk_rate"] == 0.0 and report["zh"]["vocab_size"] == 1200
+    ds = ParallelSplit.open(tmp_path / "run", "test", cfg)
+    assert len(ds) == 500 and np.count_nonzero(ds.src_ids == UNK_ID) == 0
+
+
+def copy_run(tmp_path: Path, real_run, with_vocab: bool = False) -> Path:
+    """A copy of the shared run: its corpus only, or (with_vocab) also its models, arrays and stamp."""
+    run = tmp_path / "run"
+    if with_vocab:
+        shutil.copytree(real_run[1], run)
+    else:
+        shutil.copytree(real_run[1] / "corpus", run / "corpus")
+    return run
+
+
+def test_both_models_share_the_special_ids(real_run):
+    cfg, run, report = real_run
+    src, tgt = load_tokenizers(run, cfg)
+    for tok in (src, tgt):
+        assert [tok.piece(i) for i in (PAD_ID, UNK_ID, BOS_ID, EOS_ID)] == ["<pad>", "<unk>", "<s>", "</s>"]
+    assert (src.vocab_size, tgt.vocab_size) == (1200, 600)
+    assert report["zh"]["vocab_size"] == 1200 and report["en"]["vocab_size"] == 600
+    assert BOS_ID not in src.encode("我爱你。") and EOS_ID not in tgt.encode("I love you.")
+
+
+def test_zh_round_trips_after_normalisation(real_run):
+    cfg, run, _ = real_run
+    src, tgt = load_tokenizers(run, cfg)
+    for text in ("我們說國語，好嗎？", "ＡＩ改變了世界 2024 年", "𠀀罕見字與 emoji 😀"):
+        norm = normalize_source(text, cfg.data)
+        assert src.decode(src.encode(norm)) == norm
+    batch = ["Hello there.", "How are you?"]
+    assert [tgt.decode(ids) for ids in tgt.encode_batch(batch)] == batch
+
+
+def test_no_unk_on_real_validation_thanks_to_byte_fallback(real_run):
+    cfg, run, report = real_run
+    assert report["zh"]["valid_unk_rate"] == 0.0 and report["zh"]["byte_fallback"]
+    assert report["zh"]["valid_pieces_per_sentence"] > 1
+    for split in ("valid", "test"):  # test holds Traditional and rare characters
+        ds = ParallelSplit.open(run, split, cfg)
+        assert len(ds) > 0 and np.count_nonzero(ds.src_ids == UNK_ID) == 0
+
+
+def test_binarized_arrays_decode_back_to_the_corpus(real_run):
+    cfg, run, _ = real_run
+    src, tgt = load_tokenizers(run, cfg)
+    train = ParallelSplit.open(run, "train", cfg)
+    train_zh, train_en = lines(run / "corpus/train.zh"), lines(run / "corpus/train.en")
+    assert len(train) == len(train_zh) == 1500
+    masked = [mask_pair(z, e, Detector.from_data(cfg.data)) for z, e in zip(train_zh, train_en, strict=True)]
+    assert [src.decode(train.pair(i)[0].tolist()) for i in range(len(train))] == [m.text for m, _ in masked]
+    assert [tgt.decode(train.pair(i)[1].tolist()) for i in range(0, len(train), 7)] == [t for _, t in masked[::7]]
+    valid = ParallelSplit.open(run, "valid", cfg)
+    valid_zh, valid_en = lines(run / "corpus/valid.zh"), lines(run / "corpus/valid.en")
+    pairs = [
+        mask_pair(normalize_source(z, cfg.data), normalize_target(e, cfg.data), Detector.from_data(cfg.data))
+        for z, e in zip(valid_zh, valid_en, strict=True)
+    ]  # valid pairs are normalised as translation will see them, and masked as train is
+    assert [src.decode(valid.pair(i)[0].tolist()) for i in range(0, len(valid), 5)] == [m.text for m, _ in pairs[::5]]
+    assert valid.src_lengths.tolist()[:50] == [len(src.encode(m.text)) for m, _ in pairs[:50]]
+    assert valid.tgt_lengths.tolist()[:50] == [len(tgt.encode(t)) for _, t in pairs[:50]]
+
+
+def test_second_build_is_skipped(real_run):
+    cfg, run, report = real_run
+    stamp = run / "vocab.stamp.json"
+    before = (
+        stamp.stat().st_mtime_ns,
+        (run / "vocab/zh.model").stat().st_mtime_ns,
+        (run / "bin/train.zh.npy").stat().st_mtime_ns,
+    )
+    assert build_vocab(cfg, run) == json.loads(json.dumps(report))
+    after = (
+        stamp.stat().st_mtime_ns,
+        (run / "vocab/zh.model").stat().st_mtime_ns,
+        (run / "bin/train.zh.npy").stat().st_mtime_ns,
+    )
+    assert after == before
+
+
+def test_changed_vocab_config_redoes_models_and_encoding(real_run, tmp_path):
+    cfg, _, _ = real_run
+    run = copy_run(tmp_path, real_run, with_vocab=True)
+    old = np.load(run / "bin/train.en.npy")
+    bigger = config({"tgt_size": 800})
+    assert build_vocab(bigger, run)["en"]["vocab_size"] == 800
+    assert load_tokenizers(run, bigger)[1].vocab_size == 800
+    new = ParallelSplit.open(run, "train", bigger)
+    assert len(new.tgt_ids) < len(old)  # more pieces, shorter encoding: not the stale arrays
+    assert int(new.tgt_ids.max()) >= 600
+
+
+def test_placeholders_are_whole_pieces_of_both_models(real_run):
+    cfg, run, report = real_run
+    src, tgt = load_tokenizers(run, cfg)
+    assert src.has_pieces(PLACEHOLDERS) and tgt.has_pieces(PLACEHOLDERS)
+    assert PLACEHOLDERS[3] in [src.piece(i) for i in src.encode(f"我爱{PLACEHOLDERS[3]}。")]
+    assert PLACEHOLDERS[9] in [tgt.piece(i) for i in tgt.encode(f"I love{PLACEHOLDERS[9]}s.")]
+    assert report["passthrough"]["train"]["pairs"] == 1500  # masked pairs: tests/test_passthrough.py
+
+
+def test_turning_passthrough_off_redoes_vocab_without_placeholders(real_run, tmp_path):
+    run = copy_run(tmp_path, real_run, with_vocab=True)
+    stamp = (run / "vocab.stamp.json").read_text()
+    off = config(passthrough=[])
+    report = build_vocab(off, run)
+    assert (run / "vocab.stamp.json").read_text() != stamp and "passthrough" not in report
+    src, tgt = load_tokenizers(run, off)
+    assert not src.has_pieces(PLACEHOLDERS[:1]) and not tgt.has_pieces(PLACEHOLDERS[:1])
+    train = ParallelSplit.open(run, "train", off)
+    assert [src.decode(train.pair(i)[0].tolist()) for i in range(len(train))] == lines(run / "corpus/train.zh")
+    build_vocab(config(passthrough=["number"]), run)  # another set of kinds: another stamp
+    assert load_tokenizers(run, off)[0].has_pieces(PLACEHOLDERS)
+
+
+def test_changed_corpus_redoes_vocab(real_run, tmp_path):
+    cfg, _, _ = real_run
+    run = copy_run(tmp_path, real_run, with_vocab=True)
+    stamp = (run / "vocab.stamp.json").read_text()
+    with open(run / "corpus/valid.en", "a", encoding="utf-8") as f:
+        f.write("An extra line.\n")
+    with open(run / "corpus/valid.zh", "a", encoding="utf-8") as f:
+        f.write("多一行。\n")
+    build_vocab(cfg, run)
+    assert (run / "vocab.stamp.json").read_text() != stamp
+    assert len(ParallelSplit.open(run, "valid", cfg)) == len(lines(run / "corpus/valid.zh"))
+
+
+def test_bpe_is_selectable(real_run, tmp_path):
+    run = copy_run(tmp_path, real_run)
+    cfg = config({"type": "bpe", "src_size": 1000, "tgt_size": 500, "workers": 1})
+    report = build_vocab(cfg, run)
+    scores = [float(line.split("\t")[1]) for line in lines(run / "vocab/en.vocab")]
+    assert all(s == int(s) for s in scores)  # BPE scores are merge ranks; unigram ones log-probabilities
+    unigram_scores = [float(line.split("\t")[1]) for line in lines(real_run[1] / "vocab/en.vocab")]
+    assert any(s != int(s) for s in unigram_scores)
+    assert report["zh"]["valid_unk_rate"] == 0.0 and report["en"]["vocab_size"] == 500
+
+
+def test_too_small_vocab_keeps_only_frequent_chars_with_byte_fallback(real_run, tmp_path):
+    run = copy_run(tmp_path, real_run)
+    cfg = config({"src_size": 400, "tgt_size": 200})
+    with pytest.warns(UserWarning, match=r"vocab\.src_size=400: \d+ of \d+ characters fit"):
+        report = build_vocab(cfg, run)
+    assert report["zh"]["vocab_size"] == 400 and report["zh"]["chars_limited"]
+    assert report["zh"]["valid_unk_rate"] == 0.0
+
+
+def test_vocab_too_small_without_byte_fallback_names_the_key(real_run, tmp_path):
+    run = copy_run(tmp_path, real_run)
+    with pytest.raises(NmtError, match=r"vocab\.tgt_size=40 is too small for .*train\.en.*use vocab\.tgt_size >= \d+"):
+        build_vocab(config({"tgt_size": 40}), run)
+    assert not (run / "vocab.stamp.json").exists()
+
+
+def test_vocab_larger_than_corpus_supports_is_trained_smaller(tmp_path):
+    run = tmp_path / "run"
+    (run / "corpus").mkdir(parents=True)
+    for split in ("train", "valid", "test"):
+        (run / f"corpus/{split}.zh").write_text("我爱你。\n你好。\n" * 5, encoding="utf-8")
+        (run / f"corpus/{split}.en").write_text("I love you.\nHello.\n" * 5, encoding="utf-8")
+    cfg = config({"src_size": 500, "tgt_size": 300, "workers": 1})
+    with pytest.warns(UserWarning, match=r"vocab\.tgt_size=300 is more than .*train\.en supports"):
+        report = build_vocab(cfg, run)
+    assert report["en"]["vocab_size"] < 300 and report["en"]["requested_size"] == 300
+
+
+def test_missing_corpus_and_models_raise(tmp_path):
+    with pytest.raises(NmtError, match=r"corpus/train\.zh: not found; run `nmt download`"):
+        build_vocab(config(), tmp_path)
+    with pytest.raises(NmtError, match=r"vocab/zh\.model: SentencePiece model not found"):
+        load_tokenizers(tmp_path, config())
+    with pytest.raises(NmtError, match="not found"):
+        Tokenizer(tmp_path / "x.model")

@@ -1,0 +1,329 @@
+"""CTranslate2 export and engine (nmt/decode/ct2.py, nmt/decode/ct2_spec.py): numerics of the converted weights,
+parity of the two engines on a trained model, the manifest and cache, refusals, CLI errors,
+quantised exports.
+
+The trained model is the session's `tiny_run` (tests/conftest.py: the generated zh→en corpus of
+tests/synthetic.py), copied so that export caches and reports written here stay out of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from typer.testing import CliRunner
+
+from nmt.config import DecodeConfig, ModelConfig, config_to_yaml, load_config
+from nmt.errors import NmtError
+
+ctranslate2 = pytest.importorskip("ctranslate2", reason="optional extra nmt[ctranslate2] is not installed")
+
+from nmt.cli import app  # noqa: E402
+from nmt.decode import ct2  # noqa: E402  (after the skip: the module is only useful with the package)
+from nmt.decode.translator import Translator  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def trained_run(tiny_run, tmp_path_factory) -> Path:
+    """A copy of the trained tiny run (config, corpus, vocab, checkpoints; no eval/ or export/)."""
+    run = tmp_path_factory.mktemp("ct2") / "tiny"
+    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("eval", "export"))
+    return run
+
+
+def _lines(run: Path, name: str) -> list[str]:
+    return (run / "corpus" / name).read_text(encoding="utf-8").splitlines()
+
+
+def _agreement(a: list[str], b: list[str]) -> float:
+    return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
+
+
+# --------------------------------------------------------------------------- parity
+
+
+def test_engines_agree_on_a_trained_model(trained_run):
+    from nmt.decode.evaluate import score
+
+    src, ref = _lines(trained_run, "valid.zh"), _lines(trained_run, "valid.en")
+    more = _lines(trained_run, "test.zh")  # more lines for the agreement
+    native = Translator.from_run(trained_run, precision="fp32")
+    fast = Translator.from_run(trained_run, precision="fp32", engine="ctranslate2")
+    assert fast.engine.name == "ctranslate2" and fast.precision == "fp32"
+    for beam in (1, 5):
+        a, b = native.translate(src + more, beam=beam), fast.translate(src + more, beam=beam)
+        assert _agreement(a, b) >= 0.98, f"beam {beam}"
+        a, b = a[: len(src)], b[: len(src)]
+        bleu_a, bleu_b = score(a, ref)["bleu"], score(b, ref)["bleu"]
+        assert bleu_a > 20, "the model should have learned something"
+        assert abs(bleu_a - bleu_b) <= 0.2, f"beam {beam}: BLEU {bleu_a:.2f} vs {bleu_b:.2f}"
+
+
+def test_nbest_lists_and_scores_match(trained_run):
+    native = Translator.from_run(trained_run, precision="fp32")
+    fast = Translator.from_run(trained_run, precision="fp32", engine="ctranslate2")
+    seqs = native.encode_sources(_lines(trained_run, "valid.zh")[:40])
+    for lp in (1.0, 0.6):
+        a = native.engine.search(seqs, 5, 3, lp, False)
+        b = fast.engine.search(seqs, 5, 3, lp, False)
+        assert sum(x[0][0] == y[0][0] for x, y in zip(a, b, strict=True)) >= 39
+        for x, y in zip(a, b, strict=True):
+            for (tok_a, score_a), (tok_b, score_b) in zip(x, y, strict=False):
+                if tok_a == tok_b:  # step-0 renormalisation of the min_len EOS: about eps/V
+                    assert score_b == pytest.approx(score_a, abs=0.02)
+
+
+def test_length_limit_matches_native(trained_run):
+    """At max_len nmt closes beams with a forced EOS; the engine rescores CTranslate2's cut hypotheses."""
+    native = Translator.from_run(trained_run, precision="fp32")
+    fast = Translator.from_run(trained_run, precision="fp32", engine="ctranslate2")
+    short = DecodeConfig(max_len_a=0.5, max_len_b=1)  # far too short for these sentences
+    ref_engine = native.engine
+    ref_engine.decode = short
+    fast.engine.decode = short
+    seqs = native.encode_sources(_lines(trained_run, "valid.zh")[:30])
+    assert [h[0][0] for h in ref_engine.search(seqs, 1, 1, 1.0, True)] == [
+        h[0][0] for h in fast.engine.search(seqs, 1, 1, 1.0, True)
+    ]
+    a, b = ref_engine.search(seqs, 4, 2, 1.0, False), fast.engine.search(seqs, 4, 2, 1.0, False)
+    assert all(len(h[0][0]) <= fast.engine.max_len(len(s)) for h, s in zip(b, seqs, strict=True))
+    assert sum(x[0][0] == y[0][0] for x, y in zip(a, b, strict=True)) >= 29
+    for x, y in zip(a, b, strict=True):
+        if x[0][0] == y[0][0]:
+            assert y[0][1] == pytest.approx(x[0][1], abs=0.02)
+
+
+VARIANTS = [{}, {"norm": "post"}, {"positions": "learned"}, {"activation": "gelu"}, {"tie_embeddings": False}]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) or "default")
+def test_converted_log_probs_equal_the_model(trained_run, tmp_path, variant):
+    """Teacher-forced log-probabilities of CTranslate2's `score_batch` equal nmt's (random weights,
+    perturbed so that biases and norms are not trivial), for each architecture option."""
+    from nmt.data.batching import pad_sources
+    from nmt.model.transformer import build_model
+
+    config = load_config(trained_run / "config.yaml")
+    config.model = dataclasses.replace(config.model, **variant)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for name in ("vocab", "config.yaml"):
+        src = trained_run / name
+        (run / name).symlink_to(src, target_is_directory=src.is_dir())
+    native = Translator.from_run(trained_run)
+    model = build_model(config, native.src_tok.vocab_size, native.tgt_tok.vocab_size).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(run / "checkpoints" / "final.safetensors"), {"config": config_to_yaml(config), "step": "3"})
+    out = ct2.export_run(ct2.ExportOptions(run))
+    translator = ctranslate2.Translator(str(out), compute_type="float32", intra_threads=1)
+    src = native.encode_sources(_lines(trained_run, "valid.zh")[:8])
+    tgt = [native.tgt_tok.encode(line) for line in _lines(trained_run, "valid.en")[8:16]]
+    pieces = [native.src_tok.piece, native.tgt_tok.piece]
+    scored = translator.score_batch(
+        [[pieces[0](t) for t in s] for s in src], [[pieces[1](t) for t in t_] for t_ in tgt]
+    )
+    with torch.no_grad():
+        for s, t, result in zip(src, tgt, scored, strict=True):
+            logits = model(pad_sources([s]), torch.tensor([[2, *t]]))[0]  # (T+1, V)
+            expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor([*t, 3])[:, None]).squeeze(1)
+            assert torch.allclose(torch.tensor(result.log_probs), expected, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- export, manifest, cache
+
+
+def test_export_manifest_and_reuse(trained_run, tmp_path):
+    from nmt.checkpoint import checkpoint_step, find_inference_checkpoint
+
+    out = ct2.export_run(ct2.ExportOptions(trained_run, output=tmp_path / "model"))
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    checkpoint = find_inference_checkpoint(trained_run)
+    assert manifest["format"] == "ctranslate2" and manifest["quantization"] == "float32"
+    assert Path(manifest["run"]) == trained_run.resolve()
+    assert Path(manifest["checkpoint"]) == checkpoint.resolve()
+    assert manifest["step"] == checkpoint_step(checkpoint) > 0
+    model = dataclasses.asdict(load_config(trained_run / "config.yaml").model)
+    assert manifest["config"]["model"] == model
+    assert manifest["nmt_version"]
+    assert (out / "source.model").read_bytes() == (trained_run / "vocab" / "zh.model").read_bytes()
+    assert (out / "target.model").read_bytes() == (trained_run / "vocab" / "en.model").read_bytes()
+    assert ctranslate2.contains_model(str(out))
+    stamp = (out / "model.bin").stat().st_mtime_ns
+    assert ct2.export_run(ct2.ExportOptions(trained_run, output=tmp_path / "model")) == out
+    assert (out / "model.bin").stat().st_mtime_ns == stamp, "a fresh export is reused, not rewritten"
+
+
+def test_engine_cache_follows_the_checkpoint(trained_run, tmp_path):
+    """The engine converts into <run>/export once; a changed checkpoint is converted again."""
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("export", "eval"))
+    config = load_config(run / "config.yaml")
+    path = run / "checkpoints" / "best.safetensors"
+    engine = ct2.CTranslate2Engine.from_checkpoint(run, path, config, torch.device("cpu"), "fp32")
+    assert engine.model_dir == ct2.default_export_dir(run, path, None) and engine.model_dir.parent == run / "export"
+    first = json.loads((engine.model_dir / "manifest.json").read_text())["inputs"]
+    again = ct2.CTranslate2Engine.from_checkpoint(run, path, config, torch.device("cpu"), "fp32")
+    assert json.loads((again.model_dir / "manifest.json").read_text())["inputs"] == first
+    steps = sorted((run / "checkpoints").glob("step_*.safetensors"))
+    other = next(p for p in steps if p.read_bytes() != path.read_bytes())
+    shutil.copyfile(other, path)  # another model under the same name
+    changed = ct2.CTranslate2Engine.from_checkpoint(run, path, config, torch.device("cpu"), "fp32")
+    assert json.loads((changed.model_dir / "manifest.json").read_text())["inputs"] != first
+
+
+def test_quantized_export_loads_and_decodes(trained_run, tmp_path):
+    from nmt.decode.evaluate import score
+
+    out = ct2.export_run(ct2.ExportOptions(trained_run, output=tmp_path / "int8", quantization="int8"))
+    assert json.loads((out / "manifest.json").read_text())["quantization"] == "int8"
+    assert (out / "model.bin").stat().st_size < (
+        ct2.export_run(ct2.ExportOptions(trained_run)) / "model.bin"
+    ).stat().st_size
+    native = Translator.from_run(trained_run, precision="fp32")
+    engine = ct2.CTranslate2Engine(out, native.config.decode, torch.device("cpu"), "auto")
+    assert engine.precision == "int8"
+    quantized = Translator(None, native.src_tok, native.tgt_tok, native.config, engine=engine)
+    src, ref = _lines(trained_run, "valid.zh"), _lines(trained_run, "valid.en")
+    bleu_native = score(native.translate(src, beam=5), ref)["bleu"]
+    assert score(quantized.translate(src, beam=5), ref)["bleu"] >= bleu_native - 5
+
+
+def test_precision_maps_to_compute_types():
+    cpu = torch.device("cpu")
+    assert ct2.compute_type(cpu, "auto") == "default" and ct2.compute_type(cpu, "fp32") == "float32"
+    assert ct2.compute_type(cpu, "int8") == "int8"
+    if "bfloat16" in ctranslate2.get_supported_compute_types("cpu"):
+        assert ct2.compute_type(cpu, "bf16") == "bfloat16"
+    else:
+        with pytest.raises(NmtError, match=r"--precision bf16: CTranslate2 on cpu supports .*float32"):
+            ct2.compute_type(cpu, "bf16")
+    with pytest.raises(NmtError, match="--precision 'fp8'"):
+        ct2.compute_type(cpu, "fp8")
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"activation": "swish"}, "model.activation: 'swish' cannot be exported to CTranslate2"),
+        ({"norm": "rms"}, "model.norm: 'rms' cannot be exported"),
+        ({"positions": "rotary"}, "model.positions: 'rotary' cannot be exported"),
+    ],
+)
+def test_unrepresentable_options_are_refused(change, message):
+    cfg = dataclasses.replace(ModelConfig(), **change)  # values the config loader would not accept today
+    with pytest.raises(NmtError, match=message):
+        ct2.check_representable(cfg)
+
+
+def test_unknown_model_option_is_refused():
+    @dataclasses.dataclass
+    class Newer(ModelConfig):
+        alibi: bool = True
+
+    with pytest.raises(NmtError, match="model.alibi: option unknown to the CTranslate2 exporter"):
+        ct2.check_representable(Newer())
+    ct2.check_representable(ModelConfig())  # today's options all export
+
+
+def test_parameter_without_counterpart_is_refused(trained_run, tmp_path):
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "vocab").symlink_to(trained_run / "vocab", target_is_directory=True)
+    (run / "config.yaml").symlink_to(trained_run / "config.yaml")
+    state = load_file(str(trained_run / "checkpoints" / "best.safetensors"))
+    state["decoder.gate.weight"] = torch.zeros(4)
+    config = load_config(trained_run / "config.yaml")
+    save_file(state, str(run / "checkpoints" / "final.safetensors"), {"config": config_to_yaml(config), "step": "1"})
+    with pytest.raises(NmtError, match="parameter 'decoder.gate.weight' has no CTranslate2 counterpart"):
+        ct2.export_run(ct2.ExportOptions(run))
+    assert not (run / "export").exists() or not any((run / "export").iterdir()), "nothing half-written"
+
+
+def test_vocabulary_of_another_size_is_refused(trained_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("eval", "export"))
+    shutil.copyfile(run / "vocab" / "zh.model", run / "vocab" / "en.model")  # sizes differ
+    with pytest.raises(NmtError, match="CTranslate2 refused the model .*vocabulary"):
+        ct2.export_run(ct2.ExportOptions(run))
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(app, list(args), catch_exceptions=False)
+
+
+def _one_line_error(result, expected: str) -> None:
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], result.stderr
+
+
+def test_cli_export(trained_run, tmp_path):
+    result = _invoke("export", "--run", str(trained_run), "--output", str(tmp_path / "m"), "--quantization", "int8")
+    assert result.exit_code == 0 and result.stdout.strip() == f"wrote {tmp_path / 'm'}"
+    assert json.loads((tmp_path / "m" / "manifest.json").read_text())["quantization"] == "int8"
+
+
+def test_cli_translate_with_both_engines(trained_run):
+    line = _lines(trained_run, "valid.zh")[0]
+    outputs = [
+        _invoke("translate", "--run", str(trained_run), "--engine", e, "--precision", "fp32", line).stdout
+        for e in ("native", "ctranslate2")
+    ]
+    assert outputs[0] == outputs[1] and outputs[0].strip()
+
+
+def test_translate_with_an_exported_directory(trained_run, tmp_path):
+    """`--checkpoint DIR --engine ctranslate2` decodes with the export alone (its weights and vocabularies)."""
+    out = ct2.export_run(ct2.ExportOptions(trained_run, output=tmp_path / "m"))
+    lines = _lines(trained_run, "valid.zh")[:5]
+    args = ("translate", "--run", str(trained_run), "--engine", "ctranslate2", "--precision", "fp32", *lines)
+    from_export = _invoke(*args, "--checkpoint", str(out)).stdout
+    assert from_export == _invoke(*args).stdout and len(from_export.splitlines()) == 5
+    _one_line_error(_invoke(*args, "--checkpoint", str(tmp_path)), "not an nmt export (no manifest.json)")
+
+
+def test_cli_eval_with_both_engines(trained_run):
+    """`nmt eval --engine ctranslate2` writes its own report beside the native one; the BLEU agree."""
+    reports = {}
+    for engine, name in (("native", "valid"), ("ctranslate2", "valid.ctranslate2")):
+        args = ("--run", str(trained_run), "--split", "valid", "--engine", engine, "--precision", "fp32")
+        result = _invoke("eval", *args)
+        assert result.exit_code == 0
+        reports[engine] = json.loads((trained_run / "eval" / f"{name}.json").read_text(encoding="utf-8"))
+        assert reports[engine]["decode"]["engine"] == engine
+    assert abs(reports["native"]["bleu"] - reports["ctranslate2"]["bleu"]) <= 0.2
+
+
+def test_cli_errors(trained_run, tmp_path, monkeypatch):
+    run = str(trained_run)
+    _one_line_error(_invoke("export", "--run", run, "--format", "onnx"), "--format 'onnx': expected one of ctranslate2")
+    _one_line_error(_invoke("export", "--run", run, "--quantization", "int3"), "--quantization 'int3': expected")
+    (tmp_path / "empty").mkdir()
+    _one_line_error(_invoke("export", "--run", str(tmp_path / "empty")), "no checkpoint found")
+    _one_line_error(_invoke("export", "--run", str(tmp_path / "missing")), "run directory not found")
+    not_ours = tmp_path / "taken"
+    not_ours.mkdir()
+    _one_line_error(_invoke("export", "--run", run, "--output", str(not_ours)), "is not an nmt export")
+    monkeypatch.setattr(ct2, "ctranslate2", None)  # as if the optional extra were not installed
+    _one_line_error(_invoke("export", "--run", run), "pip install 'nmt[ctranslate2]'")
+    _one_line_error(
+        _invoke("translate", "--run", run, "--engine", "ctranslate2", "一二"), "pip install 'nmt[ctranslate2]'"
+    )

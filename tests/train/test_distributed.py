@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt import checkpoint as ckpt
+from nmt.errors import NmtError
+from nmt.train import distributed as dist
+
+ROOT = Path(__file__).resolve().parents[2]
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def test_env_info(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    assert dist.env_info() == dist.DistInfo(0, 1, 0)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    info = dist.env_info()
+    assert (info.rank, info.world_size, info.local_rank, info.is_main) == (3, 4, 1, False)
+    monkeypatch.setenv("RANK", "4")
+    with pytest.raises(NmtError, match="RANK=4"):
+        dist.env_info()
+
+
+def test_single_process_helpers_are_no_ops(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    info, device = dist.init_distributed(torch.device("cpu"))
+    assert info.world_size == 1 and device == torch.device("cpu")
+    assert not dist.is_distributed() and dist.is_main() and dist.rank() == 0 and dist.world_size() == 1
+    t = torch.tensor([2.0])
+    assert dist.all_reduce_sum(t) is t and t.item() == 2.0
+    dist.barrier()
+    dist.teardown()
+
+
+def test_more_processes_than_gpus_is_a_one_line_error(monkeypatch):
+    """torchrun --nproc_per_node=2 on a machine with one GPU: rank 1 names the problem instead of
+    failing in set_device (seen on an H200 machine: the other rank then died in gloo)."""
+    for key, value in (("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")):
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(NmtError, match=r"LOCAL_RANK=1 but this machine has 1 CUDA device.*nproc_per_node"):
+        dist.init_distributed(torch.device("cuda"))
+    assert not torch.distributed.is_initialized()
+
+
+SCRIPT = """
+import json, os, sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+import torch
+from nmt.train import distributed as dist
+from test_train import Collect, synth_config
+from nmt.train.loop import fit
+
+info, _ = dist.init_distributed(torch.device("cpu"))  # fit() joins the same group
+ranks = dist.all_reduce_sum(torch.tensor([float(info.rank)])).item()
+steps = Collect()
+summary = fit(synth_config(*{overrides!r}), Path({run!r}), on_step=steps)
+if info.rank == 0:
+    Path({out!r}).write_text(json.dumps({{"losses": steps.losses, "summary": summary, "ranks": ranks}}))
+"""
+
+OVERRIDES = [
+    "train.max_steps=8",
+    "train.max_tokens=300",
+    "train.warmup=4",
+    "train.lr=0.003",
+    "train.eval_every=8",
+    "train.eval_sentences=8",
+    "train.seed=5",
+    "train.device=cpu",  # gloo on the CPU, also on a machine with a GPU
+]
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to python")
+def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_path):
+    from test_train import Collect, synth_config, synthetic_run
+
+    from nmt.train.loop import fit
+
+    for name in ("ddp", "single"):
+        synthetic_run(tmp_path / name, "reverse", n_train=1000, n_valid=8)  # > 16 batches: 8 steps in epoch 0
+    out = tmp_path / "ddp.json"
+    script = tmp_path / "ddp_train.py"
+    overrides = [*OVERRIDES, "train.update_freq=1"]
+    tests = str(Path(__file__).parent)
+    script.write_text(SCRIPT.format(tests=tests, overrides=overrides, run=str(tmp_path / "ddp"),
+                                    out=str(out)))  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(script)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ddp = json.loads(out.read_text())
+    assert ddp["ranks"] == 1.0 and ddp["summary"]["steps"] == 8
+
+    single = Collect()
+    fit(synth_config(*OVERRIDES, "train.update_freq=2"), tmp_path / "single", on_step=single)
+    assert len(ddp["losses"]) == len(single.losses) == 8
+    for a, b in zip(ddp["losses"], single.losses, strict=True):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
+    wa, _ = ckpt.load_weights(tmp_path / "ddp" / "checkpoints" / "step_8.safetensors")
+    wb, _ = ckpt.load_weights(tmp_path / "single" / "checkpoints" / "step_8.safetensors")
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_torchrun_command_passes_nmt_options_through():
+    from nmt.train.distributed import torchrun_command
+
+    cmd = torchrun_command(2, ["train", "--config", "c.yaml", "--nproc", "2", "--run", "r", "--nproc=2"])
+    assert "--nproc_per_node=2" in cmd
+    tail = cmd[cmd.index("nmt") + 1 :]
+    assert tail == ["--", "train", "--config", "c.yaml", "--run", "r"]

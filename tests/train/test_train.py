@@ -1,0 +1,425 @@
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nmt import PAD_ID
+from nmt import checkpoint as ckpt
+from nmt.config import Config, load_config
+from nmt.errors import NmtError
+from nmt.train.loop import fit
+from nmt.train.objective import label_smoothed_nll, learning_rate, lr_factor
+from nmt.train.stopping import check_stopping
+from nmt.train.update import StepResult, Trainer
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs" / "tiny.yaml"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def write_split(run: Path, split: str, pairs: list[tuple[list[int], list[int]]], langs=("zh", "en")) -> None:
+    """Write <run>/bin/{split}.{lang}.npy + offsets, the layout nmt.data.encoded reads."""
+    out = run / "bin"
+    out.mkdir(parents=True, exist_ok=True)
+    for side, lang in enumerate(langs):
+        seqs = [np.asarray(p[side], dtype=np.int32) for p in pairs]
+        offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum([len(s) for s in seqs])
+        np.save(out / f"{split}.{lang}.npy", np.concatenate(seqs).astype(np.int32))
+        np.save(out / f"{split}.{lang}.offsets.npy", offsets)
+
+
+def synthetic_run(run: Path, task: str, n_train: int, n_valid: int, vocab: int = 20, hi: int = 8) -> None:
+    """Random sequences over ids 4..vocab-1; target = copy or reverse of the source."""
+    rng = np.random.default_rng(123)
+
+    def pairs(n: int) -> list[tuple[list[int], list[int]]]:
+        out = []
+        for _ in range(n):
+            s = rng.integers(4, vocab, rng.integers(2, hi + 1)).tolist()
+            out.append((s, s if task == "copy" else s[::-1]))
+        return out
+
+    write_split(run, "train", pairs(n_train))
+    write_split(run, "valid", pairs(n_valid))
+
+
+SYNTH = [
+    "vocab.src_size=20", "vocab.tgt_size=20", "model.d_model=64", "model.heads=4", "model.encoder_layers=2",
+    "model.decoder_layers=2", "model.ffn_dim=128", "train.threads=1", "train.max_tokens=1024",
+]  # fmt: skip
+
+
+def synth_config(*overrides: str) -> Config:
+    return load_config(TINY, [*SYNTH, *overrides])
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.results: list[StepResult] = []
+
+    def __call__(self, r: StepResult) -> None:
+        self.results.append(r)
+
+    @property
+    def losses(self) -> list[float]:
+        return [r.loss for r in self.results if not r.skipped]
+
+
+# --------------------------------------------------------------------------- objective
+
+
+def test_label_smoothing_matches_cross_entropy_and_ignores_pad():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11)
+    target = torch.randint(4, 11, (3, 5))
+    target[0, 3:] = PAD_ID
+    target[2, 1:] = PAD_ID
+    for eps in (0.0, 0.1, 0.3):
+        loss, nll, n = label_smoothed_nll(logits, target, eps)
+        ref = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=PAD_ID, label_smoothing=eps,
+                              reduction="sum")  # fmt: skip
+        assert n == int((target != PAD_ID).sum()) == 9
+        torch.testing.assert_close(loss, ref)
+        plain = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=PAD_ID, reduction="sum")
+        torch.testing.assert_close(nll, plain)
+
+
+def test_label_smoothing_gradient_matches_cross_entropy_padded_and_packed():
+    torch.manual_seed(1)
+    logits = torch.randn(4, 6, 13)
+    target = torch.randint(4, 13, (4, 6))
+    target[1, 2:] = PAD_ID
+    target[3, 5:] = PAD_ID
+    keep = target != PAD_ID
+    ref_in = logits.clone().requires_grad_()
+    F.cross_entropy(ref_in.flatten(0, 1), target.flatten(), ignore_index=PAD_ID, label_smoothing=0.1,
+                    reduction="sum").backward()  # fmt: skip
+    padded_in = logits.clone().requires_grad_()
+    label_smoothed_nll(padded_in, target, 0.1)[0].backward()
+    packed_in = logits[keep].clone().requires_grad_()  # (N, V), what the trainer passes for a Transformer
+    loss, nll, n = label_smoothed_nll(packed_in, target[keep], 0.1)
+    (2.0 * loss).backward()
+    assert n == int(keep.sum()) and not nll.requires_grad
+    torch.testing.assert_close(padded_in.grad, ref_in.grad)
+    torch.testing.assert_close(packed_in.grad, 2.0 * ref_in.grad[keep])
+
+
+def test_label_smoothing_by_hand():
+    # one position, V = 4, logits log([0.1, 0.2, 0.3, 0.4]) → p exactly those; target id 3 (p = 0.4)
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    loss, nll, n = label_smoothed_nll(p.log().view(1, 1, 4), torch.tensor([[3]]), 0.2)
+    by_hand = 0.8 * -math.log(0.4) + 0.2 * -(math.log(0.1) + math.log(0.2) + math.log(0.3) + math.log(0.4)) / 4
+    assert n == 1
+    assert loss.item() == pytest.approx(by_hand, rel=1e-6)
+    assert nll.item() == pytest.approx(-math.log(0.4), rel=1e-6)
+
+
+def test_inverse_sqrt_schedule_values():
+    cfg = load_config(TINY, ["train.lr=0.002", "train.warmup=100", "train.schedule=inverse_sqrt"]).train
+    assert learning_rate(1, cfg) == pytest.approx(0.002 / 100)
+    assert learning_rate(50, cfg) == pytest.approx(0.001)
+    assert learning_rate(100, cfg) == pytest.approx(0.002)  # peak
+    assert learning_rate(400, cfg) == pytest.approx(0.001)  # 0.002 * sqrt(100/400)
+    assert learning_rate(10_000, cfg) == pytest.approx(0.0002)
+
+
+def test_cosine_schedule_values():
+    over = ["train.lr=0.001", "train.min_lr=0.0001", "train.warmup=10", "train.schedule=cosine", "train.max_steps=110"]
+    cfg = load_config(TINY, over).train
+    assert learning_rate(5, cfg) == pytest.approx(0.0005)
+    assert learning_rate(10, cfg) == pytest.approx(0.001)
+    assert learning_rate(60, cfg) == pytest.approx(0.0001 + 0.0009 * 0.5)  # half-way: cos(pi/2) = 0
+    assert learning_rate(110, cfg) == pytest.approx(0.0001)
+    assert learning_rate(500, cfg) == pytest.approx(0.0001)
+    with pytest.raises(NmtError, match="cosine"):
+        lr_factor(5, load_config(TINY, ["train.schedule=cosine", "train.max_steps=0"]).train)
+
+
+def test_no_stopping_rule_is_an_error():
+    with pytest.raises(NmtError, match="stopping rule"):
+        check_stopping(load_config(TINY, ["train.max_steps=0"]))
+    assert check_stopping(load_config(TINY, ["train.max_time=2m"])) == 120.0
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+class Toy(nn.Module):
+    """Embedding + linear; returns NaN logits while `poison` is set."""
+
+    def __init__(self, vocab: int = 12) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, 8)
+        self.out = nn.Linear(8, vocab)
+        self.poison = False
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        h = self.emb(tgt_in) + self.emb(src).mean(dim=1, keepdim=True)
+        logits = self.out(h)
+        return logits * float("nan") if self.poison else logits
+
+
+def toy_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    src = torch.tensor([[5, 6, 3], [7, 3, 0]])
+    tgt_in = torch.tensor([[2, 8, 9], [2, 10, 0]])
+    tgt_out = torch.tensor([[8, 9, 3], [10, 3, 0]])
+    return src, tgt_in, tgt_out
+
+
+def test_nonfinite_loss_is_skipped_counted_and_aborts():
+    cfg = load_config(TINY, ["train.max_nonfinite=3"]).train
+    model = Toy()
+    trainer = Trainer(model, cfg, torch.device("cpu"))
+    assert not trainer.update([toy_batch()]).skipped
+    assert trainer.state.step == 1
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.poison = True
+    for i in (1, 2):
+        r = trainer.update([toy_batch()])
+        assert r.skipped and trainer.state.nonfinite_run == i
+    assert trainer.state.step == 1
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # no update applied
+    model.poison = False
+    assert not trainer.update([toy_batch()]).skipped
+    assert trainer.state.nonfinite_run == 0 and trainer.state.nonfinite_total == 2
+    model.poison = True
+    trainer.update([toy_batch()])
+    trainer.update([toy_batch()])
+    with pytest.raises(NmtError, match="3 non-finite losses in a row"):
+        trainer.update([toy_batch()])
+
+
+def test_accumulation_equals_one_big_batch():
+    """update_freq micro-batches = one batch holding them all (loss normalised per token)."""
+    cfg = load_config(TINY, ["train.label_smoothing=0.1", "train.clip_norm=0"]).train
+    torch.manual_seed(3)
+    a = Toy()
+    b = Toy()
+    b.load_state_dict(a.state_dict())
+    src, tgt_in, tgt_out = toy_batch()
+    ra = Trainer(a, cfg, torch.device("cpu")).update(
+        [(src[:1], tgt_in[:1], tgt_out[:1]), (src[1:], tgt_in[1:], tgt_out[1:])]
+    )
+    rb = Trainer(b, cfg, torch.device("cpu")).update([(src, tgt_in, tgt_out)])
+    assert ra.tokens == rb.tokens == 5
+    assert ra.loss == pytest.approx(rb.loss, rel=1e-6)
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, msg=name)
+
+
+def test_clipping_bounds_the_update():
+    cfg = load_config(TINY, ["train.clip_norm=0.001", "train.lr=1.0", "train.warmup=1"]).train
+    trainer = Trainer(Toy(), cfg, torch.device("cpu"))
+    r = trainer.update([toy_batch()])
+    assert r.grad_norm > 0.001  # the reported norm is the one before clipping
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1.0)
+
+
+# --------------------------------------------------------------------------- end to end (synthetic)
+
+
+def test_copy_task_reaches_high_bleu(tmp_path):
+    run = tmp_path / "copy"
+    synthetic_run(run, "copy", n_train=4000, n_valid=200)
+    config = synth_config(
+        "train.lr=0.005", "train.warmup=50", "train.label_smoothing=0.0", "train.max_steps=220",
+        "train.eval_every=110", "train.eval_sentences=200", "train.log_every=20",
+    )  # fmt: skip
+    summary = fit(config, run)
+    assert summary["steps"] == 220 and summary["stopped"] == "max_steps"
+    assert summary["best_bleu"] > 95, summary
+    assert summary["tokens_per_s"] > 0
+    log = (run / "train.log").read_text()
+    assert "valid step 220" in log and "sample 3" in log and "padding_waste" in log
+    assert any((run / "tb").iterdir())
+    d = run / "checkpoints"
+    assert (d / "best.safetensors").is_file() and summary["checkpoint"] == str(d / "step_220.safetensors")
+    assert [s for s, _ in ckpt.step_checkpoints(d)] == [110, 220]
+
+
+def resume_config(steps: int, *extra: str) -> Config:
+    return synth_config(
+        "model.dropout=0.2", "train.max_tokens=200", "train.warmup=5", f"train.max_steps={steps}",
+        "train.eval_every=6", "train.eval_sentences=8", "train.keep_last=10", "train.log_every=3", *extra,
+    )  # fmt: skip
+
+
+def test_resume_continues_exactly(tmp_path):
+    synthetic_run(tmp_path / "a", "reverse", n_train=150, n_valid=16)
+    synthetic_run(tmp_path / "b", "reverse", n_train=150, n_valid=16)
+    full = Collect()
+    fit(resume_config(24), tmp_path / "a", on_step=full)
+    first, second = Collect(), Collect()
+    fit(resume_config(12), tmp_path / "b", on_step=first)
+    summary = fit(resume_config(24), tmp_path / "b", on_step=second)
+    assert summary["steps"] == 24 and summary["epochs"] > 1  # crossed epoch boundaries
+    assert first.losses == full.losses[:12]
+    assert second.losses == full.losses[12:]  # bit-identical: data order, RNG, optimizer, schedule
+    wa, _ = ckpt.load_weights(tmp_path / "a" / "checkpoints" / "step_24.safetensors")
+    wb, _ = ckpt.load_weights(tmp_path / "b" / "checkpoints" / "step_24.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert "resumed from" in (tmp_path / "b" / "train.log").read_text()
+    # restart=True throws the checkpoints away and starts over
+    again = Collect()
+    fit(resume_config(6), tmp_path / "b", restart=True, on_step=again)
+    assert again.losses == full.losses[:6]
+    assert [s for s, _ in ckpt.step_checkpoints(tmp_path / "b" / "checkpoints")] == [6]
+
+
+def test_resume_skips_a_partial_newest_checkpoint(tmp_path):
+    run = tmp_path / "r"
+    synthetic_run(run, "reverse", n_train=150, n_valid=16)
+    fit(resume_config(12), run)
+    d = run / "checkpoints"
+    ckpt.state_path(d / "step_12.safetensors").unlink()  # weights present, state missing
+    steps = Collect()
+    summary = fit(resume_config(18), run, on_step=steps)
+    assert len(steps.results) == 12 and summary["steps"] == 18  # resumed from step 6
+    assert "step_6.safetensors" in (run / "train.log").read_text()
+
+
+def test_stopping_rules(tmp_path):
+    synthetic_run(tmp_path / "s", "reverse", n_train=150, n_valid=8)
+    base = ["train.max_tokens=200", "train.eval_sentences=8", "train.max_steps=1000"]
+    # lr ~ 0: BLEU never improves after the first evaluation → stop after `patience` more
+    s = fit(synth_config(*base, "train.lr=0.000000001", "train.eval_every=2", "train.patience=2"), tmp_path / "s")
+    assert (s["stopped"], s["steps"], s["best_step"]) == ("patience", 6, 2)
+    s = fit(synth_config(*base, "train.eval_every=500", "train.max_epochs=1"), tmp_path / "s", restart=True)
+    assert s["stopped"] == "max_epochs" and s["epochs"] == 1.0
+    assert s["checkpoint"].endswith(f"step_{s['steps']}.safetensors")  # final eval + checkpoint off-schedule
+    s = fit(synth_config(*base, "train.eval_every=500", "train.max_time=1s"), tmp_path / "s", restart=True)
+    assert s["stopped"] == "max_time" and 0 < s["steps"] < 1000
+    assert s["checkpoint"].endswith(f"step_{s['steps']}.safetensors")
+
+
+KILL_SCRIPT = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_train import resume_config
+from nmt.train.loop import train
+train(resume_config(100000, "train.eval_every=4"), Path({run!r}))
+"""
+
+
+def test_sigkill_mid_run_then_resume(tmp_path):
+    run = tmp_path / "k"
+    synthetic_run(run, "reverse", n_train=150, n_valid=16)
+    script = KILL_SCRIPT.format(tests=str(Path(__file__).parent), run=str(run))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 90
+        while len(ckpt.complete_checkpoints(run / "checkpoints")) < 2:
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.02)
+        time.sleep(0.15)  # land somewhere in the middle of later steps / checkpoint writes
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    d = run / "checkpoints"
+    for weights in ckpt.complete_checkpoints(d):
+        ckpt.load_weights(weights)
+        assert ckpt.load_trainer_state(weights)["train"]["step"] == ckpt.checkpoint_step(weights)
+    ckpt.load_weights(d / "best.safetensors")
+    last = ckpt.checkpoint_step(ckpt.latest_checkpoint(d))
+    steps = Collect()
+    summary = fit(resume_config(last + 4), run, on_step=steps)
+    assert summary["steps"] == last + 4 and steps.results[0].step == last + 1
+    assert f"resumed from {d / f'step_{last}.safetensors'}" in (run / "train.log").read_text()
+
+
+def test_bf16_and_fp32_reach_similar_loss(tmp_path):
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        run = tmp_path / precision
+        synthetic_run(run, "copy", n_train=600, n_valid=8)
+        steps = Collect()
+        config = synth_config(
+            "train.max_steps=40", "train.lr=0.005", "train.warmup=20", "train.eval_every=40", "train.max_tokens=512",
+            "train.label_smoothing=0.0", "train.eval_sentences=8", f"train.precision={precision}",
+        )  # fmt: skip
+        fit(config, run, on_step=steps)
+        losses[precision] = float(np.mean(steps.losses[-10:]))
+    assert losses["fp32"] < 2.5  # it learned something (uniform over 20 ids: ln 20 ≈ 3.0)
+    assert abs(losses["bf16"] - losses["fp32"]) < 0.1 * losses["fp32"], losses
+
+
+# --------------------------------------------------------------------------- real data
+
+
+def test_overfits_32_validation_pairs(tmp_path, any_mirror):
+    from nmt.data.corpus import prepare_corpus
+    from nmt.data.encoded import ParallelSplit
+    from nmt.data.vocab import build_vocab, load_tokenizers
+    from nmt.model.transformer import build_model
+    from nmt.train.validation import Validator
+
+    run = tmp_path / "real"
+    config = load_config(TINY, [
+        "model.d_model=64", "model.heads=4", "model.ffn_dim=128", "model.encoder_layers=2", "model.decoder_layers=2",
+        "train.threads=1", "train.label_smoothing=0.0", "train.lr=0.003", "train.warmup=20", "train.max_steps=150",
+        "train.eval_every=150", "train.eval_sentences=32", "train.log_every=25",
+        "decode.max_len_b=40",  # tiny vocabularies spell short sources in many target pieces
+    ])  # fmt: skip
+    prepare_corpus(config, run, mirror=str(any_mirror))
+    build_vocab(config, run)
+    valid = ParallelSplit.open(run, "valid", config)
+    keep = [i for i in range(len(valid)) if 0 < valid.src_lengths[i] <= 20 and 0 < valid.tgt_lengths[i] <= 20][:32]
+    pairs = [tuple(x.tolist() for x in valid.pair(i)) for i in keep]
+    for lang in ("zh", "en"):  # the 32 pairs become both the training set and the raw references
+        lines = (run / "corpus" / f"valid.{lang}").read_text(encoding="utf-8").split("\n")
+        (run / "corpus" / f"valid.{lang}").write_text("\n".join(lines[i] for i in keep) + "\n", encoding="utf-8")
+    write_split(run, "train", pairs)
+    write_split(run, "valid", pairs)
+
+    steps = Collect()
+    summary = fit(config, run, on_step=steps)
+    assert np.mean(steps.losses[-5:]) < 0.05, steps.losses[-5:]
+    assert summary["valid_bleu"] > 90, summary
+    tensors, saved = ckpt.load_weights(Path(summary["checkpoint"]))
+    src_tok, tgt_tok = load_tokenizers(run, saved)
+    model = build_model(saved, src_tok.vocab_size, tgt_tok.vocab_size)
+    model.load_state_dict(tensors)
+    validator = Validator(saved, run, ParallelSplit.open(run, "valid", saved), torch.device("cpu"), tgt_tok)
+    hyps = validator.translate(model)
+    exact = sum(h == r for h, r in zip(hyps, validator.refs, strict=True))
+    assert exact >= 28, list(zip(hyps, validator.refs, strict=True))
+
+
+def test_max_time_counts_validation_and_checkpoints(tmp_path, monkeypatch):
+    """train.max_time is training-loop wall time: slow validations use it up."""
+    from nmt.train.validation import Validator
+
+    synthetic_run(tmp_path / "t", "reverse", n_train=150, n_valid=8)
+    run = Validator.run
+
+    def slow_run(self, model):
+        time.sleep(0.5)
+        return run(self, model)
+
+    monkeypatch.setattr(Validator, "run", slow_run)
+    config = synth_config("train.max_tokens=200", "train.eval_sentences=8", "train.max_steps=1000",
+                          "train.eval_every=1", "train.max_time=1s")  # fmt: skip
+    s = fit(config, tmp_path / "t")
+    assert s["stopped"] == "max_time" and s["elapsed_s"] >= 1.0
+    assert 1 <= s["steps"] <= 3  # each step costs > 0.5 s of validation (updates alone: dozens per second)
+    log = (tmp_path / "t" / "train.log").read_text()
+    assert "training-loop wall time, validation and checkpoints included" in log
+    state = ckpt.load_trainer_state(ckpt.latest_checkpoint(tmp_path / "t" / "checkpoints"))
+    assert state["train"]["elapsed"] >= 1.0  # saved, so a resumed run continues the same budget

@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 MIRROR  ?= ../shared/data
 CONFIG  ?= configs/small.yaml
 
-.PHONY: setup test lint format demo bench clean
+.PHONY: setup test test-fast lint format demo bench clean
 
 $(BIN)/nmt: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,6 +20,10 @@ setup: $(BIN)/nmt
 
 test: setup
 	$(BIN)/pytest -q -x --durations=10
+
+# The edit loop: everything but the tests marked slow (they train a model or start processes).
+test-fast: setup
+	$(BIN)/pytest -q -x -m "not slow"
 
 lint: setup
 	$(BIN)/ruff check .

@@ -67,7 +67,22 @@ def tiny_config() -> Config:
     return load_config(ROOT / "configs" / "tiny.yaml")
 
 
+# Fixtures that train a model (directly or through the shared tiny run): a test using one is slow.
+TRAINING_FIXTURES = {"tiny_run", "synthetic_run", "trained_transformer"}
+# Modules whose tests train or start processes (servers, torchrun, a browser, killed trainings).
+SLOW_MODULES = {"test_train.py", "test_distributed.py", "test_app.py", "test_browser.py", "test_pipeline.py"}
+
+
+def _mark_slow(items) -> None:
+    """`slow` on every test that trains or spawns processes, by what it uses rather than by a
+    stopwatch; `make test-fast` deselects them (`-m "not slow"`), `make test` runs everything."""
+    for item in items:
+        if TRAINING_FIXTURES & set(getattr(item, "fixturenames", ())) or item.path.name in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_collection_modifyitems(config, items):
+    _mark_slow(items)
     if not has_real_mirror():  # extra checks on the real data: not run (rather than skipped) without it
         real = [i for i in items if "real_data" in i.keywords or "shared_data" in getattr(i, "fixturenames", ())]
         if real:

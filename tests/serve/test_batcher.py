@@ -91,15 +91,22 @@ def test_two_workers_split_the_waiting_requests_and_decode_them_at_once():
     assert model.most_at_once == 2 and len(model.threads) == 2
 
 
-def test_a_lone_request_does_not_wait_for_company():
-    model = FakeModel()
+def test_a_lone_request_does_not_wait_for_company(monkeypatch):
+    """The mechanism, not a stopwatch: with nobody else outstanding the batcher never waits."""
+    model, waits = FakeModel(), []
+    real_wait_for = asyncio.wait_for
+
+    def spy(awaitable, timeout):
+        waits.append(timeout)
+        return real_wait_for(awaitable, timeout)
+
+    monkeypatch.setattr(asyncio, "wait_for", spy)
 
     async def body(b):
-        start = time.perf_counter()
-        await b.translate(["alone"], Decoding(beam=1))
-        return time.perf_counter() - start
+        return await b.translate(["alone"], Decoding(beam=1))
 
-    assert run(_with_batcher(model, BatchLimits(max_wait_ms=2000), body)) < 1.0  # not the 2 s wait
+    assert run(_with_batcher(model, BatchLimits(max_wait_ms=2000), body))[0][0][0] == "ALONE!"
+    assert waits == []  # no wait for company was taken (the 2 s would have been one)
 
 
 def test_a_request_is_answered_when_its_lines_are_done_not_when_its_batch_is():

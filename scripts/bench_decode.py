@@ -30,10 +30,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from nmt import host  # noqa: E402
 from nmt.checkpoint import find_inference_checkpoint  # noqa: E402
 from nmt.decode.evaluate import read_lines, score  # noqa: E402
 from nmt.decode.translator import Translator  # noqa: E402
-from nmt.host import cpu_model  # noqa: E402
 
 ROWS = "native:fp32,native:bf16,native:int8,ctranslate2:fp32,ctranslate2:int8"
 
@@ -132,7 +132,7 @@ def main() -> None:
     print(
         f"# bench_decode {time.strftime('%Y-%m-%d %H:%M')} | run={args.run} checkpoint={args.checkpoint.name} "
         f"| subset={len(src)} (batch 1: {min(len(src), args.batch1_sentences)}) seed={args.seed} "
-        f"| threads={torch.get_num_threads()} | CPU: {cpu_model()} | torch {torch.__version__}, "
+        f"| threads={torch.get_num_threads()} | CPU: {host.current().describe()} | torch {torch.__version__}, "
         f"ctranslate2 {ct2_version} | best of {args.repeats} interleaved | "
         f"CTranslate2 baseline: {'nmt engine' if args.ct2_engine else 'whole batches'}"
     )

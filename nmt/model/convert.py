@@ -155,7 +155,7 @@ class Int8Linear(torch.nn.Module):
         row_scale = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12)  # (M, 1)
         unit = torch.cat([rows / row_scale, self.ends.expand(rows.size(0), 2)], dim=1)  # (M, K + 2) in [-1, 1]
         y = torch.ops.quantized.linear_dynamic(unit, self.packed, self.kernel == "int8-fbgemm")  # (M, N)
-        return y.mul_(row_scale) if self.bias is None else torch.addcmul(self.bias, y, row_scale)
+        return y.mul_(row_scale) if self.bias is None else torch.addcmul(self.bias, y, row_scale, out=y)
 
     def _int_mm(self, rows: Tensor) -> Tensor:
         M = rows.size(0)

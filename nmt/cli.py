@@ -166,7 +166,16 @@ def translate(
 
     if texts and input:
         raise NmtError("give sentences as arguments or --input FILE, not both")
-    opts = InferenceOptions(run, checkpoint, device, precision, engine, beam, nbest, len_penalty)
+    opts = InferenceOptions(
+        run_dir=run,
+        checkpoint=checkpoint,
+        device=device,
+        precision=precision,
+        engine=engine,
+        beam=beam,
+        nbest=nbest,
+        len_penalty=len_penalty,
+    )
     if attention is not None:
         from nmt.serve.plot import translate_with_attention
 
@@ -215,7 +224,14 @@ def eval_(
         raise NmtError("--src and --ref go together")
     cfg, run_dir = _setup(config, set_, run, create=False, need_model=True)
     job = EvalJob(split=split, src=src, ref=ref, greedy=greedy)
-    evaluate_run(cfg, run_dir, job, InferenceOptions(run_dir, checkpoint, device, precision, engine, beam))
+    evaluate_run(
+        cfg,
+        run_dir,
+        job,
+        InferenceOptions(
+            run_dir=run_dir, checkpoint=checkpoint, device=device, precision=precision, engine=engine, beam=beam
+        ),
+    )
 
 
 @app.command()
@@ -318,7 +334,9 @@ def serve(
 
     batch = BatchLimits(batch_wait_ms, max_batch, workers)
     limits = ServeLimits(max_sentences, max_chars, max_beam=max_beam, batch=batch)
-    opts = InferenceOptions(run, checkpoint, device, precision, engine, beam)
+    opts = InferenceOptions(
+        run_dir=run, checkpoint=checkpoint, device=device, precision=precision, engine=engine, beam=beam
+    )
     run_server(opts, ServeOptions(host, port, limits, log_level.value))
 
 

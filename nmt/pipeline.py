@@ -117,7 +117,7 @@ def select_stage(config: Config, run_dir: Path) -> str:
     scores = {}
     for name, path in candidates.items():
         job = EvalJob(split="valid", name=f"select-{name}")
-        report = evaluate_run(config, run_dir, job, InferenceOptions(run_dir, checkpoint=path))
+        report = evaluate_run(config, run_dir, job, InferenceOptions(run_dir=run_dir, checkpoint=path))
         scores[name] = report["bleu"]
     winner = max(scores, key=lambda k: scores[k])
     write_final(ckpt_dir, candidates[winner], winner)
@@ -137,7 +137,9 @@ def eval_stage(config: Config, run_dir: Path) -> tuple[str, dict]:
     report_path = run_dir / "eval" / "test.json"
     if is_fresh(run_dir, "eval", digest) and report_path.is_file():
         return "skipped", json.loads(report_path.read_text(encoding="utf-8"))
-    report = evaluate_run(config, run_dir, EvalJob(split="test", name="test"), InferenceOptions(run_dir, final))
+    report = evaluate_run(
+        config, run_dir, EvalJob(split="test", name="test"), InferenceOptions(run_dir=run_dir, checkpoint=final)
+    )
     write_stamp(run_dir, "eval", digest)
     return "ran", report
 

@@ -15,19 +15,15 @@ detokenisation) and hands each padded batch to an engine. Every engine has the s
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from nmt.config import DecodeConfig
+from nmt.contracts import Found, OnDone
 from nmt.data.batching import pad_sources
 from nmt.decode.search import Hypothesis, beam_search, greedy_search
 from nmt.device import decoding_model, resolve_inference_precision
 
 ENGINES = ("native", "ctranslate2")
-
-Found = list[list[tuple[list[int], float]]]
-Done = Callable[[int, list[tuple[list[int], float]]], None] | None  # see `search` above
 
 
 class NativeEngine:
@@ -47,7 +43,7 @@ class NativeEngine:
         self.decode, self.device = decode, device
 
     def search(
-        self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float, greedy: bool, on_done: Done = None
+        self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float, greedy: bool, on_done: OnDone = None
     ) -> Found:
         d = self.decode
         src = pad_sources(seqs).to(self.device)  # (B, S)

@@ -196,7 +196,9 @@ def evaluate_run(
     run_dir = Path(run_dir)
     src_path, ref_path, src_lines, ref_lines, codes_path, code_list = _inputs(config, run_dir, split, src, ref, codes)
     if translator is None:
-        translator = Translator.from_run(run_dir, opts.checkpoint, opts.device, opts.precision, config, opts.engine)
+        translator = Translator.from_run(
+            run_dir, opts.checkpoint, device=opts.device, precision=opts.precision, config=config, engine=opts.engine
+        )
     beam = config.decode.beam if opts.beam is None else opts.beam
     if name is None:
         base = split if src is None else f"ext-{src_path.name.split('.')[0]}"

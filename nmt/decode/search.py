@@ -1,6 +1,7 @@
 """Batched greedy and beam search over the decoder's KV cache.
 
-Both searches drive any model with the decoding protocol of `nmt.model.transformer.Transformer`:
+Both searches drive any model with the decoding protocol (`nmt.contracts.DecodingModel`; the
+Transformer is one):
 
     enc = model.encode(src)                 # src (B, S): ids + [EOS], right-padded with PAD
                                             # (`model.encode_by_length(src)` where the model has it)
@@ -41,12 +42,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from nmt import BOS_ID, EOS_ID, PAD_ID
+from nmt.contracts import DecodingModel, DecodingState
 
 NEG_INF = float("-inf")
 _NEVER = torch.tensor([PAD_ID, BOS_ID])  # ids that are never generated
@@ -65,7 +66,7 @@ class Hypothesis:
 # --------------------------------------------------------------------------- shared helpers
 
 
-def model_max_positions(model: Any) -> int | None:
+def model_max_positions(model: DecodingModel) -> int | None:
     """The decoder's position limit, if the model exposes one (`max_positions` or `cfg.max_positions`)."""
     for owner in (model, getattr(model, "cfg", None), getattr(model, "config", None)):
         value = getattr(owner, "max_positions", None) if owner is not None else None
@@ -74,7 +75,7 @@ def model_max_positions(model: Any) -> int | None:
     return None
 
 
-def max_lengths(model: Any, src: Tensor, max_len_a: float, max_len_b: float) -> Tensor:
+def max_lengths(model: DecodingModel, src: Tensor, max_len_a: float, max_len_b: float) -> Tensor:
     """(B,) long: the most output tokens (EOS excluded) allowed for each sentence of `src` (B, S)."""
     src_len = ((src != PAD_ID).sum(dim=1) - 1).clamp(min=0).double()  # (B,) pieces without EOS
     limit = (max_len_a * src_len + max_len_b).floor().long()
@@ -116,12 +117,12 @@ def block_repeated_ngrams(lp: Tensor, hist: Tensor, n: int) -> Tensor:
     return lp.scatter(1, banned, NEG_INF)
 
 
-def _encode(model: Any, src: Tensor) -> Any:
+def _encode(model: DecodingModel, src: Tensor) -> Tensor:
     """The encoder output for `src` (B, S), by length groups where the model can (less padding)."""
     return getattr(model, "encode_by_length", model.encode)(src)
 
 
-def _log_probs(model: Any, tokens: Tensor, state: Any) -> Tensor:
+def _log_probs(model: DecodingModel, tokens: Tensor, state: DecodingState) -> Tensor:
     logits = model.decode_step(tokens, state)  # (R, V)
     return torch.log_softmax(logits.float(), dim=-1)
 
@@ -131,7 +132,7 @@ def _log_probs(model: Any, tokens: Tensor, state: Any) -> Tensor:
 
 @torch.inference_mode()
 def greedy_search(
-    model: Any, src: Tensor, max_len_a: float = 1.5, max_len_b: float = 10, min_len: int = 1
+    model: DecodingModel, src: Tensor, max_len_a: float = 1.5, max_len_b: float = 10, min_len: int = 1
 ) -> list[list[int]]:
     """Most probable next token at every step, for a batch `src` (B, S). Returns B token lists."""
     B = src.size(0)
@@ -222,7 +223,7 @@ def _collect(fin: _Finished, nbest: int) -> list[list[Hypothesis]]:
 
 @torch.inference_mode()
 def beam_search(
-    model: Any,
+    model: DecodingModel,
     src: Tensor,
     beam: int = 5,
     nbest: int = 1,

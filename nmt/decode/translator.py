@@ -39,6 +39,7 @@ import torch
 
 from nmt import BOS_ID, EOS_ID, PAD_ID
 from nmt.config import Config, load_config
+from nmt.contracts import Engine, Tokenizer
 from nmt.data.passthrough import Masked, mask, masker, restore
 from nmt.decode.engines import ENGINES, NativeEngine
 from nmt.device import resolve_device
@@ -47,7 +48,7 @@ from nmt.errors import NmtError
 CHUNK_LINES = 2000  # lines read ahead (and sorted by length) by translate_stream
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class InferenceOptions:
     """Which model of a run, and how it decodes: one object for translate, eval and serve."""
 
@@ -85,13 +86,13 @@ class Translator:
     def __init__(
         self,
         model: torch.nn.Module | None,
-        src_tok: Any,
-        tgt_tok: Any,
+        src_tok: Tokenizer,
+        tgt_tok: Tokenizer,
         config: Config,
         device: torch.device | str = "cpu",
         precision: str = "fp32",
         checkpoint: Path | None = None,
-        engine: Any = None,
+        engine: Engine | None = None,
     ) -> None:
         if engine is None:
             engine = NativeEngine(model, config.decode, torch.device(device), precision)
@@ -112,12 +113,14 @@ class Translator:
         cls,
         run_dir: Path,
         checkpoint: Path | None = None,
-        device: str = "auto",
-        precision: str = "fp32",
+        *,
+        device: str = InferenceOptions.device,
+        precision: str = InferenceOptions.precision,
         config: Config | None = None,
-        engine: str = "native",
+        engine: str = InferenceOptions.engine,
     ) -> Translator:
         """Load `checkpoint` (default: `nmt.checkpoint.choose_inference_checkpoint`) with the run's vocabularies.
+        Defaults are `InferenceOptions`' (one set for every way in: CLI, server, scripts).
 
         The architecture comes from the checkpoint's stored config; the rest (data
         normalisation, decode settings) from `config`, else `<run>/config.yaml`, else the checkpoint.
@@ -157,7 +160,9 @@ class Translator:
         from nmt.runs import resolve_run
 
         _, run = resolve_run(None, str(opts.run_dir) if opts.run_dir is not None else None, need_model=True)
-        return cls.from_run(run, opts.checkpoint, opts.device, opts.precision, config, opts.engine)
+        return cls.from_run(
+            run, opts.checkpoint, device=opts.device, precision=opts.precision, config=config, engine=opts.engine
+        )
 
     # ----------------------------------------------------------------------- public API
 

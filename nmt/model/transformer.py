@@ -127,6 +127,11 @@ class Stack(nn.Module):
 
 
 class Transformer(nn.Module):
+    """The encoder-decoder, built from `cfg` by plain composition; decodes through
+    `nmt.contracts.DecodingModel` (encode, start_decoding, decode_step)."""
+
+    packs_logits = True  # forward(src, tgt_in, keep) → logits at the `keep` positions (nmt.contracts)
+
     def __init__(self, cfg: ModelConfig, src_vocab: int, tgt_vocab: int):
         super().__init__()
         self.cfg, self.src_vocab, self.tgt_vocab = cfg, src_vocab, tgt_vocab

@@ -1,7 +1,7 @@
 """One optimizer update: accumulation, loss normalisation, clipping, non-finite handling.
 
 `Trainer` works with any ``nn.Module`` whose ``forward(src, tgt_in)`` returns logits
-(B, T, V), wrapped in DDP or torch.compile or not; a `Transformer` is asked for logits at the
+(B, T, V), wrapped in DDP or torch.compile or not; a model that `PacksLogits` is asked for logits at the
 non-pad target positions only, packed (N, V). The loss of an update is normalised by the number of
 target tokens summed over every micro-batch and every rank, so one process with
 ``update_freq = k`` and k processes with ``update_freq = 1`` compute the same gradient.
@@ -22,9 +22,9 @@ from torch import nn
 from nmt import PAD_ID
 from nmt.checkpoint import unwrap
 from nmt.config import TrainConfig
+from nmt.contracts import PacksLogits
 from nmt.device import autocast, grad_scaler
 from nmt.errors import NmtError
-from nmt.model.transformer import Transformer
 from nmt.train.distributed import all_reduce_sum, world_size
 from nmt.train.objective import build_optimizer, label_smoothed_nll, learning_rate, set_learning_rate
 
@@ -79,7 +79,7 @@ class Trainer:
         self.optimizer = build_optimizer(model, cfg)
         self.scaler = grad_scaler(device, cfg.precision)
         self.state = state or TrainState()
-        self.packed = isinstance(unwrap(model), Transformer)  # through DDP / torch.compile
+        self.packed = isinstance(unwrap(model), PacksLogits)  # through DDP / torch.compile
 
     def update(self, batches: list[Batch]) -> StepResult:
         """Forward/backward every micro-batch, then one optimizer step (or a counted skip)."""
@@ -106,7 +106,7 @@ class Trainer:
         return StepResult(number, loss_tok, nll_tok, int(total), norm, lr, not applied, pad, slots)
 
     def _logits(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor) -> LogitsTarget:
-        """(logits, target): packed (N, V), (N,) for a Transformer, else (B, T, V), (B, T)."""
+        """(logits, target): packed (N, V), (N,) for a model that packs logits, else (B, T, V), (B, T)."""
         if not self.packed:
             return self.model(src, tgt_in), tgt_out
         keep = tgt_out != PAD_ID  # (B, T)

@@ -3,7 +3,7 @@
 The loss covers every validation pair the model can take: pairs longer than
 ``train.max_len`` (a limit for training batches) are included; only pairs with a side
 longer than ``model.max_positions - 1`` pieces cannot be scored, and those are counted
-(``skipped`` in the result; train.log says so). Like training, a `Transformer` computes
+(``skipped`` in the result; train.log says so). Like training, a model that `PacksLogits` computes
 logits at the real target positions only (the ``keep`` path, packed (N, V)).
 
 BLEU and chrF come from greedy decoding of a fixed (seeded) subset of ``train.eval_sentences``
@@ -27,6 +27,7 @@ from torch import nn
 from nmt import PAD_ID
 from nmt.checkpoint import unwrap
 from nmt.config import Config
+from nmt.contracts import PacksLogits
 from nmt.data.batching import TokenBatchSampler, load_batch, pad_sources
 from nmt.data.passthrough import Masked, mask_pair, masker, restore
 from nmt.device import autocast
@@ -81,10 +82,8 @@ class Validator:
     @torch.no_grad()
     def loss(self, model: nn.Module) -> tuple[float, float]:
         """(label-smoothed loss, NLL) per target token over every pair but the `skipped` ones."""
-        from nmt.model.transformer import Transformer
-
         model.eval()
-        packed = isinstance(unwrap(model), Transformer)  # logits at real target positions only
+        packed = isinstance(unwrap(model), PacksLogits)  # logits at real target positions only
         total = torch.zeros(3, dtype=torch.float64)
         for idx in self.sampler.iter_epoch(0):
             src, tgt_in, tgt_out = (t.to(self.device) for t in load_batch(self.dataset, idx))

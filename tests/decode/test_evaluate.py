@@ -159,7 +159,9 @@ def test_evaluate_run_report(tiny_run_dir, capsys):
 def test_evaluate_run_with_the_model(tiny_run_dir):
     run = tiny_run_dir
     config = load_config(run / "config.yaml")
-    report = evaluate_run(config, run, EvalJob(split="test"), InferenceOptions(run, device="cpu", beam=1), quiet=True)
+    report = evaluate_run(
+        config, run, EvalJob(split="test"), InferenceOptions(run_dir=run, device="cpu", beam=1), quiet=True
+    )
     assert report["name"] == "test.beam1"
     assert report["checkpoint"] == str(run / "checkpoints" / "final.safetensors")
     hyps = read_lines(run / "eval" / "test.beam1.hyp")

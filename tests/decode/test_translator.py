@@ -323,7 +323,7 @@ def test_translate_to_file(tiny_run_dir, tmp_path):
     src = tmp_path / "in.zh"
     src.write_text("我们在这里。\n\n猫在桌子上。\n", encoding="utf-8")
     out = tmp_path / "out.en"
-    n = translate_to(InferenceOptions(tiny_run_dir, device="cpu", beam=2), input_path=src, output_path=out)
+    n = translate_to(InferenceOptions(run_dir=tiny_run_dir, device="cpu", beam=2), input_path=src, output_path=out)
     lines = out.read_text(encoding="utf-8").split("\n")
     assert n == 3 and len(lines) == 4 and lines[1] == "" and lines[3] == ""
 
@@ -434,6 +434,6 @@ def test_translate_input_file_with_a_bom(tmp_path, monkeypatch):
     monkeypatch.setattr(tr.Translator, "from_options", classmethod(lambda cls, opts: Recorder()))
     src, out = tmp_path / "in.zh", tmp_path / "out.en"
     src.write_bytes("\ufeff".encode() + "你好。\n我爱你。\n".encode())
-    assert tr.translate_to(tr.InferenceOptions(tmp_path), input_path=src, output_path=out) == 2
+    assert tr.translate_to(tr.InferenceOptions(run_dir=tmp_path), input_path=src, output_path=out) == 2
     assert [line.rstrip("\n") for line in seen] == ["你好。", "我爱你。"]
     assert out.read_text(encoding="utf-8") == "你好。\n我爱你。\n"

@@ -1,19 +1,26 @@
-"""What a run recorded, read back for people: training curves and eval reports.
+"""The run log: what training writes (`RunLogWriter`) and what the server and `nmt plot` read
+back (`read_curves`, `read_eval_reports`) — the one owner of its format.
 
-Curves come from the TensorBoard scalars the trainer writes (`<run>/tb/`, see
-`nmt/train/progress.py`): tags `train/loss`, `train/lr`, `train/tokens_per_s`, ..., `valid/bleu`,
-`valid/loss`, ... Every scalar is kept (no sampling); when a step was logged twice (a resumed
-run), the later value wins. Eval reports are `<run>/eval/*.json` (`nmt/decode/evaluate.py`).
+- ``<run>/tb/``: TensorBoard scalars tagged ``<prefix>/<key>``: ``train/loss``, ``train/lr``,
+  ``train/tokens_per_s``, ..., ``valid/bleu``, ``valid/loss``, ...; text ``samples/<i>``.
+  Every scalar is read back (no sampling); when a step was logged twice (a resumed run), the
+  later value wins.
+- ``<run>/train.log``: one timestamped line per logged step, validation and event
+  (``2026-12-01 16:40:02 step 25 | loss 7.7109 | ppl 1951 | lr 2.000e-04 | ...``).
+- ``<run>/eval/*.json``: eval reports (`nmt/decode/evaluate.py`).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nmt.errors import NmtError
+
+TB_DIR, TRAIN_LOG = "tb", "train.log"
 
 # the curves a person looks at first, in display order: (tag, title, y-axis label)
 MAIN_CURVES = (
@@ -35,7 +42,7 @@ class Series:
 
 def read_curves(run_dir: Path) -> dict[str, Series]:
     """Every TensorBoard scalar of the run, by tag, steps ascending; {} when the run has no `tb/`."""
-    tb = Path(run_dir) / "tb"
+    tb = Path(run_dir) / TB_DIR
     if not tb.is_dir() or not any(tb.glob("events.out.tfevents.*")):
         return {}
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -86,3 +93,52 @@ def require_run(run_dir: Path) -> Path:
     if not run_dir.is_dir():
         raise NmtError(f"{run_dir}: run directory not found (pass --run DIR)")
     return run_dir
+
+
+# --------------------------------------------------------------------------- writing
+
+
+class RunLogWriter:
+    """Appends to a run's log: timestamped lines in ``train.log`` and TensorBoard scalars and texts
+    (the TensorBoard writer is created at the first scalar, so a run that logs none has no tb/)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir, self.path = Path(run_dir), Path(run_dir) / TRAIN_LOG
+        self._tb: Any = None  # torch.utils.tensorboard.SummaryWriter
+
+    def line(self, text: str) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(f"{stamp} {text}\n")
+
+    def scalars(self, prefix: str, values: dict[str, float], step: int) -> None:
+        for key, value in values.items():
+            self._writer().add_scalar(f"{prefix}/{key}", value, step)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        self._writer().add_text(tag, text, step)
+
+    def _writer(self) -> Any:
+        if self._tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / TB_DIR))
+        return self._tb
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def format_values(values: dict[str, float]) -> str:
+    """'loss 3.2140 | ppl 24.88 | lr 5.000e-04' (4 significant figures, lr in scientific notation)."""
+    parts = []
+    for k, v in values.items():
+        if isinstance(v, int):
+            parts.append(f"{k} {v}")
+        elif k == "lr":
+            parts.append(f"{k} {v:.3e}")
+        else:
+            parts.append(f"{k} {v:.4g}" if abs(v) >= 1000 else f"{k} {v:.4f}")
+    return " | ".join(parts)

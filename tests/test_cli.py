@@ -4,9 +4,14 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+from nmt.checkpoint import complete_checkpoints
 from nmt.cli import app
+from nmt.decode.evaluate import score
+from nmt.model.attention import resolve_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -92,10 +97,14 @@ def test_translate_missing_run_is_clean(tmp_path):
 def test_eval_writes_report(tiny_run):
     result = invoke("eval", "--run", str(tiny_run), "--split", "valid", "--beam", "1")
     assert result.exit_code == 0, result.stderr
-    reports = sorted((tiny_run / "eval").glob("*.json"))
-    assert reports
-    data = json.loads(reports[-1].read_text())
-    assert "BLEU" in json.dumps(data) or "bleu" in data
+    data = json.loads((tiny_run / "eval" / "valid.beam1.json").read_text())
+    assert data["name"] == "valid.beam1" and data["split"] == "valid" and data["decode"]["beam"] == 1
+    assert 0 <= data["bleu"] <= 100 and 0 <= data["chrf"] <= 100
+    assert data["bleu_signature"].startswith("nrefs:1|")
+    hyps = Path(data["hyp_file"]).read_text(encoding="utf-8").splitlines()
+    refs = (tiny_run / "corpus" / "valid.en").read_text(encoding="utf-8").splitlines()
+    assert len(hyps) == len(refs)
+    assert data["bleu"] == pytest.approx(score(hyps, refs)["bleu"])  # the report is the score of its own file
 
 
 def test_summary_names_backend_and_size():
@@ -103,15 +112,21 @@ def test_summary_names_backend_and_size():
         "summary", "--config", str(ROOT / "configs/base.yaml"), "--src-vocab", "32000", "--tgt-vocab", "32000"
     )
     assert result.exit_code == 0
-    assert "sdpa" in result.stdout or "math" in result.stdout
-    assert "M" in result.stdout
+    expected = resolve_backend("auto", torch.device("cpu"), torch.float32, head_dim=512 // 8)  # base: 512, 8 heads
+    assert f"attention backend: {expected}" in result.stdout
+    assert "6+6 layers, d_model 512" in result.stdout and "M parameters" in result.stdout
 
 
 def test_average_identical(tiny_run, tmp_path):
     out = tmp_path / "avg.safetensors"
     result = invoke("average", "--run", str(tiny_run), "--last", "2", "--output", str(out))
     assert result.exit_code == 0, result.stderr
-    assert out.is_file()
+    last_two = complete_checkpoints(tiny_run / "checkpoints")[:2]
+    assert len(last_two) == 2
+    averaged = load_file(str(out))
+    for name in ("src_embed.weight", "decoder.layers.0.ffn.fc1.weight"):
+        mean = sum(load_file(str(p))[name] for p in last_two) / 2
+        torch.testing.assert_close(averaged[name], mean)  # the element-wise mean of the two newest
 
 
 def test_translate_stdin_with_invalid_utf8_does_not_crash(tiny_run):
@@ -138,5 +153,10 @@ def test_average_with_fewer_checkpoints_says_how_many(tiny_run, tmp_path):
     out = tmp_path / "avg.safetensors"
     result = invoke("average", "--run", str(tiny_run), "--last", "50", "--output", str(out))
     assert result.exit_code == 0, result.stderr
-    assert out.is_file()
+    last_two = complete_checkpoints(tiny_run / "checkpoints")[:2]
+    assert len(last_two) == 2
+    averaged = load_file(str(out))
+    for name in ("src_embed.weight", "decoder.layers.0.ffn.fc1.weight"):
+        mean = sum(load_file(str(p))[name] for p in last_two) / 2
+        torch.testing.assert_close(averaged[name], mean)  # the element-wise mean of the two newest
     assert "--last 50 asked for 50, but the run keeps only 2" in result.stdout  # tiny.yaml: keep_last 2

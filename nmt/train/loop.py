@@ -5,7 +5,7 @@ does not grow with the corpus), builds the model, and loops over optimizer updat
 ``nmt.train.update``) until the first of ``max_steps`` / ``max_epochs`` / ``max_time`` /
 early stopping (``patience`` evaluations without a validation BLEU gain; ``nmt.train.stopping``).
 Every ``eval_every`` updates — and once at the end — it validates and checkpoints
-(``nmt.train.evalhook``).
+(``nmt.train.validation.EvalHook``).
 
 Re-running on a run directory with checkpoints resumes from the newest complete one
 (``nmt.train.resume``) and continues exactly as if it had never stopped: same data position, RNG
@@ -38,13 +38,13 @@ from nmt import checkpoint as ckpt
 from nmt.config import Config
 from nmt.data.batching import TokenBatchSampler, load_batch
 from nmt.device import check_precision, describe, resolve_device, set_threads
+from nmt.runlog import TB_DIR, format_values
 from nmt.train.distributed import DistInfo, barrier, init_distributed, teardown
-from nmt.train.evalhook import EvalHook
-from nmt.train.progress import TrainLog, format_values
+from nmt.train.progress import TrainLog
 from nmt.train.resume import reshard, resume_checkpoint
 from nmt.train.stopping import StoppingRules
 from nmt.train.update import StepResult, Trainer, TrainState
-from nmt.train.validation import Validator
+from nmt.train.validation import EvalHook, Validator
 
 ModelBuilder = Callable[[Config, int, int], nn.Module]
 
@@ -200,7 +200,7 @@ class _Run:
         self.ckpt_dir = run_dir / "checkpoints"
         if restart and info.is_main:
             ckpt.clear_checkpoints(self.ckpt_dir)
-            shutil.rmtree(run_dir / "tb", ignore_errors=True)
+            shutil.rmtree(run_dir / TB_DIR, ignore_errors=True)
         barrier()  # no rank may look for checkpoints before rank 0 has cleared them
         self.data = TrainData.open(config, run_dir, device, info)
         self.model = build_seeded(config, self.data.vocab_sizes(config), device, build)

@@ -1,30 +1,29 @@
-"""Training output: a rich progress bar, ``<run>/train.log`` lines and TensorBoard scalars.
+"""Training output on the main rank: a rich progress bar, with every line and scalar also written
+to the run log (`nmt.runlog.RunLogWriter`: ``<run>/train.log`` and TensorBoard).
 
-Only the main rank logs; on other ranks every method is a no-op.
+On other ranks every method is a no-op.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from types import TracebackType
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from nmt.runlog import RunLogWriter
+
 
 class TrainLog:
     def __init__(self, run_dir: Path, enabled: bool, total_steps: int | None, start_step: int) -> None:
         self.enabled = enabled
-        self.path = Path(run_dir) / "train.log"
         self.console = Console(stderr=True)
-        self.writer = None
+        self.writer: RunLogWriter | None = None
         self.progress: Progress | None = None
         if not enabled:
             return
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
+        self.writer = RunLogWriter(run_dir)
         self.progress = Progress(
             TextColumn("[bold]train"),
             BarColumn(),
@@ -47,21 +46,18 @@ class TrainLog:
 
     def line(self, text: str) -> None:
         """Print above the bar and append to train.log (with a timestamp)."""
-        if not self.enabled:
+        if self.writer is None:
             return
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(f"{stamp} {text}\n")
+        self.writer.line(text)
 
     def scalars(self, prefix: str, values: dict[str, float], step: int) -> None:
         if self.writer is not None:
-            for key, value in values.items():
-                self.writer.add_scalar(f"{prefix}/{key}", value, step)
+            self.writer.scalars(prefix, values, step)
 
     def text(self, tag: str, text: str, step: int) -> None:
         if self.writer is not None:
-            self.writer.add_text(tag, text, step)
+            self.writer.text(tag, text, step)
 
     def advance(self, step: int, info: str) -> None:
         if self.progress is not None:
@@ -73,17 +69,3 @@ class TrainLog:
             self.progress = None
         if self.writer is not None:
             self.writer.close()
-            self.writer = None
-
-
-def format_values(values: dict[str, float]) -> str:
-    """'loss 3.2140 | ppl 24.88 | lr 5.000e-04' (4 significant figures, lr in scientific notation)."""
-    parts = []
-    for k, v in values.items():
-        if isinstance(v, int):
-            parts.append(f"{k} {v}")
-        elif k == "lr":
-            parts.append(f"{k} {v:.3e}")
-        else:
-            parts.append(f"{k} {v:.4g}" if abs(v) >= 1000 else f"{k} {v:.4f}")
-    return " | ".join(parts)

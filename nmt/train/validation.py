@@ -1,4 +1,6 @@
-"""Validation during training: loss/perplexity on the validation split, greedy BLEU/chrF.
+"""Validation during training: loss/perplexity on the validation split, greedy BLEU/chrF, and
+what training does at each evaluation point (`EvalHook`: validate, keep the best model, write
+the step checkpoint).
 
 The loss covers every validation pair the model can take: pairs longer than
 ``train.max_len`` (a limit for training batches) are included; only pairs with a side
@@ -8,15 +10,16 @@ logits at the real target positions only (the ``keep`` path, packed (N, V)).
 
 BLEU and chrF come from greedy decoding of a fixed (seeded) subset of ``train.eval_sentences``
 validation sentences, detokenised with the target tokenizer and scored with
-``nmt.decode.evaluate.score`` against the raw references in ``<run>/corpus/valid.en``; pass-through placeholders that
-``nmt vocab`` put into the valid sources are restored first. Runs without
-a vocabulary (synthetic tasks written straight to ``<run>/bin``) score the id sequences,
+``nmt.decode.evaluate.score`` against the raw references in ``<run>/corpus/valid.en``;
+pass-through placeholders that ``nmt vocab`` put into the valid sources are restored first.
+Runs without a vocabulary (synthetic tasks written straight to ``<run>/bin``) score the id sequences,
 joined by spaces, against the reference ids.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +28,17 @@ import torch
 from torch import nn
 
 from nmt import PAD_ID
+from nmt import checkpoint as ckpt
 from nmt.checkpoint import unwrap
 from nmt.config import Config
 from nmt.contracts import PacksLogits
 from nmt.data.batching import TokenBatchSampler, load_batch, pad_sources
 from nmt.data.passthrough import Masked, mask_pair, masker, restore
 from nmt.device import autocast
+from nmt.runlog import format_values
 from nmt.train.objective import label_smoothed_nll
+from nmt.train.progress import TrainLog
+from nmt.train.update import Trainer
 
 DECODE_BATCH = 64
 
@@ -146,3 +153,54 @@ def _pair_masks(config: Config, tokenizer: Any, srcs: list[str], refs: list[str]
 
 def _ids_text(ids: Any) -> str:
     return " ".join(str(int(i)) for i in ids)
+
+
+# --------------------------------------------------------------------------- at each evaluation point
+
+
+class EvalHook:
+    """Validation + best model + step checkpoint for one training run.
+
+    Every `train.eval_every` updates (and once when training stops) rank 0 runs the `Validator`,
+    writes `best.safetensors` when validation BLEU improved, logs the scores and three samples,
+    and writes the step checkpoint (trainer state, then weights; see `nmt.checkpoint`). The other
+    ranks only record that the step was evaluated."""
+
+    def __init__(
+        self, config: Config, ckpt_dir: Path, validator: Validator | None, log: TrainLog, world_size: int
+    ) -> None:
+        self.config, self.ckpt_dir, self.validator, self.log = config, ckpt_dir, validator, log
+        self.world_size = world_size
+        self.last: dict = {}  # the newest validation result (rank 0)
+
+    def due(self, step: int, last_eval_step: int) -> bool:
+        """On schedule: every `train.eval_every` updates, once per step."""
+        return step > 0 and step % self.config.train.eval_every == 0 and last_eval_step != step
+
+    def __call__(self, model: nn.Module, trainer: Trainer, tick: Callable[[], None]) -> None:
+        """Evaluate `model` at the trainer's step and checkpoint; `tick` updates the elapsed clock."""
+        s = trainer.state
+        s.last_eval_step = s.step
+        if self.validator is None:  # not rank 0
+            return
+        result = self.validator.run(model)
+        if result["bleu"] > s.best_bleu:
+            s.best_bleu, s.best_step, s.bad_evals = result["bleu"], s.step, 0
+            ckpt.save_best(self.ckpt_dir, model, self.config, s.step, result["bleu"])
+        else:
+            s.bad_evals += 1
+        self.last = result
+        self._log(result, s.step, s.best_bleu, s.best_step)
+        tick()
+        state = {**trainer.state_dict(), "world_size": self.world_size}
+        ckpt.save_checkpoint(self.ckpt_dir, s.step, model, state, self.config, self.config.train.keep_last)
+
+    def _log(self, result: dict, step: int, best_bleu: float, best_step: int) -> None:
+        values = {k: result[k] for k in ("loss", "ppl", "bleu", "chrf")}
+        self.log.scalars("valid", values, step)
+        self.log.line(f"valid step {step} | {format_values(values)} | best bleu {best_bleu:.2f} @ {best_step}")
+        if result.get("skipped"):
+            self.log.line(f"  valid loss over {result['pairs']} pairs; {result['skipped']} skipped (too long)")
+        for i, (src, hyp, ref) in enumerate(result["samples"]):
+            self.log.line(f"  sample {i + 1}: src: {src}\n            hyp: {hyp}\n            ref: {ref}")
+            self.log.text(f"samples/{i + 1}", f"src: {src}  \nhyp: {hyp}  \nref: {ref}", step)

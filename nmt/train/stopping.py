@@ -22,6 +22,7 @@ from nmt.train.distributed import broadcast
 from nmt.train.update import TrainState
 
 STOP_CODES = {1: "max_time", 2: "patience"}
+clock = time.monotonic  # the loop's wall clock (seconds); tests replace it with a fake one
 
 
 def check_stopping(config: Config) -> float:
@@ -39,15 +40,15 @@ class StoppingRules:
     def __init__(self, config: Config) -> None:
         self.train = config.train
         self.budget = check_stopping(config)  # seconds, 0 = no limit
-        self._t0, self._elapsed0 = time.monotonic(), 0.0
+        self._t0, self._elapsed0 = clock(), 0.0
 
     def start_clock(self, state: TrainState) -> None:
         """Start this invocation's share of the budget (on top of the resumed `state.elapsed`)."""
-        self._t0, self._elapsed0 = time.monotonic(), state.elapsed
+        self._t0, self._elapsed0 = clock(), state.elapsed
 
     def tick(self, state: TrainState) -> None:
         """Bring `state.elapsed` (loop wall seconds over all invocations) up to now."""
-        state.elapsed = self._elapsed0 + time.monotonic() - self._t0
+        state.elapsed = self._elapsed0 + clock() - self._t0
 
     def before_update(self, state: TrainState) -> str | None:
         """'max_steps' / 'max_epochs' when that limit is reached (the same on every rank)."""

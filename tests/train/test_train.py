@@ -18,6 +18,7 @@ from nmt import PAD_ID
 from nmt import checkpoint as ckpt
 from nmt.config import Config, load_config
 from nmt.errors import NmtError
+from nmt.train import stopping
 from nmt.train.loop import fit
 from nmt.train.objective import label_smoothed_nll, learning_rate, lr_factor
 from nmt.train.stopping import check_stopping
@@ -292,7 +293,7 @@ def test_resume_skips_a_partial_newest_checkpoint(tmp_path):
     assert "step_6.safetensors" in (run / "train.log").read_text()
 
 
-def test_stopping_rules(tmp_path):
+def test_stopping_rules(tmp_path, monkeypatch):
     synthetic_run(tmp_path / "s", "reverse", n_train=150, n_valid=8)
     base = ["train.max_tokens=200", "train.eval_sentences=8", "train.max_steps=1000"]
     # lr ~ 0: BLEU never improves after the first evaluation → stop after `patience` more
@@ -301,8 +302,10 @@ def test_stopping_rules(tmp_path):
     s = fit(synth_config(*base, "train.eval_every=500", "train.max_epochs=1"), tmp_path / "s", restart=True)
     assert s["stopped"] == "max_epochs" and s["epochs"] == 1.0
     assert s["checkpoint"].endswith(f"step_{s['steps']}.safetensors")  # final eval + checkpoint off-schedule
+    fake = FakeClock(step=0.01)  # every reading of the loop's clock is 10 ms later: no real waiting
+    monkeypatch.setattr(stopping, "clock", fake)
     s = fit(synth_config(*base, "train.eval_every=500", "train.max_time=1s"), tmp_path / "s", restart=True)
-    assert s["stopped"] == "max_time" and 0 < s["steps"] < 1000
+    assert s["stopped"] == "max_time" and 0 < s["steps"] < 1000 and s["elapsed_s"] >= 1.0
     assert s["checkpoint"].endswith(f"step_{s['steps']}.safetensors")
 
 
@@ -402,15 +405,28 @@ def test_overfits_32_validation_pairs(tmp_path, any_mirror):
     assert exact >= 28, list(zip(hyps, validator.refs, strict=True))
 
 
+class FakeClock:
+    """`nmt.train.stopping.clock` that advances `step` seconds per reading (and by hand)."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 1000.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
 def test_max_time_counts_validation_and_checkpoints(tmp_path, monkeypatch):
     """train.max_time is training-loop wall time: slow validations use it up."""
     from nmt.train.validation import Validator
 
     synthetic_run(tmp_path / "t", "reverse", n_train=150, n_valid=8)
     run = Validator.run
+    fake = FakeClock(step=0.0)  # the clock moves only when a validation "takes" 0.5 s
+    monkeypatch.setattr(stopping, "clock", fake)
 
     def slow_run(self, model):
-        time.sleep(0.5)
+        fake.now += 0.5
         return run(self, model)
 
     monkeypatch.setattr(Validator, "run", slow_run)
@@ -418,7 +434,7 @@ def test_max_time_counts_validation_and_checkpoints(tmp_path, monkeypatch):
                           "train.eval_every=1", "train.max_time=1s")  # fmt: skip
     s = fit(config, tmp_path / "t")
     assert s["stopped"] == "max_time" and s["elapsed_s"] >= 1.0
-    assert 1 <= s["steps"] <= 3  # each step costs > 0.5 s of validation (updates alone: dozens per second)
+    assert s["steps"] == 2  # each step costs 0.5 s of validation on the loop's clock, updates none
     log = (tmp_path / "t" / "train.log").read_text()
     assert "training-loop wall time, validation and checkpoints included" in log
     state = ckpt.load_trainer_state(ckpt.latest_checkpoint(tmp_path / "t" / "checkpoints"))

@@ -104,7 +104,7 @@ class TrainConfig:
     log_every: int = 50
     keep_last: int = 5
     # auto = bf16 where the hardware has fast bf16 matmuls (CUDA with bf16, or a CPU with
-    # AVX512-BF16/AMX), else fp32. Emulated bf16 on an AVX2-only CPU is ~100x slower.
+    # AVX512-BF16/AMX), else fp32: emulated bf16 on an AVX2-only CPU is far slower (`nmt doctor`).
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     compile: bool = False
     threads: int = 0  # torch intra-op threads; 0 = all cores

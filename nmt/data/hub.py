@@ -12,7 +12,7 @@ machines and pairs sharing an English sentence land on the same side.
 Failing fast: before reading a split `check_reachable` sends one HEAD request to the hub
 endpoint (`HF_ENDPOINT`, default https://huggingface.co) with a 5 s timeout; without network the
 command stops at once with one line naming the dataset and how to use a mirror, instead of
-`huggingface_hub`'s retries (about 25 s per file). `HF_HUB_OFFLINE=1` skips the probe (the
+`huggingface_hub`'s retries, file after file. `HF_HUB_OFFLINE=1` skips the probe (the
 `datasets` cache is used). Read/connect timeouts for `huggingface_hub` are set (unless the user
 set them) before `datasets` is imported.
 """

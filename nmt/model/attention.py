@@ -44,9 +44,8 @@ def resolve_backend(
     auto → sdpa on CUDA (PyTorch's fused kernels); on a CPU whichever of math and sdpa a timed
     probe found faster for this dtype and head size (forward + backward when gradients are on:
     in bf16 training math wins clearly, in fp32 sdpa). "flash" is asked for by name: on an H200
-    with torch 2.11 it was the slower (attention forward + backward 2.4-3.3 ms against 1.1-1.9
-    ms for sdpa at 32-1024 tokens, base.yaml training steps 52-57 ms against 30-35 ms; the
-    unpadding waits for the GPU twice per call; docs/BENCHMARKS.md, "GPU"). An explicit "flash"
+    it measured slower than sdpa in training (its unpadding waits for the GPU twice per call;
+    docs/BENCHMARKS.md, "GPU"). An explicit "flash"
     on a non-CUDA device raises ConfigError (at use: a flash-trained model still loads anywhere).
     Where the varlen kernel cannot run on CUDA, "flash" runs sdpa: fp32 (e.g. evaluation without
     autocast), attention dropout in training (`dropout` > 0; the kernel has none), a head

@@ -8,17 +8,15 @@ its (blocking) calls, and gives each call to an idle host.
 - One worker (`ModelWorkers.in_process`): the host lives in this process and is loaded on its
   thread, so all model work runs on one thread. PyTorch's CPU ops run on an OpenMP team that
   belongs to the calling thread: a model loaded on one thread and used on another brought a
-  second team onto the cores, and each small op of a decoding step then paid a wake-up (beam
-  search in groups of 19: 65-76 sentences/s against 107-127 on the loading thread, 2-core AMD
-  EPYC, docs/BENCHMARKS.md "Serving under load").
+  second team onto the cores, and each small op of a decoding step then paid a wake-up
+  (measured in docs/BENCHMARKS.md, "Serving under load").
 - Several workers (`ModelWorkers.in_children`): each host lives in a child process (`ChildHost`
   is its proxy here, with the same methods) and decodes with cores // workers intra-op threads.
   Processes rather than threads because PyTorch holds Python's GIL between its ops, so model
-  threads in one process wait for each other and for the HTTP event loop: two 1-thread workers
-  decoding random groups of 16 managed 160 sentences/s as threads of one process and 175 as two
-  processes (same CPU). The batches of a server are small and unsorted, and a step of a small
-  batch is mostly fixed cost that a second intra-op thread does not share, so two 1-thread
-  workers beat one 2-thread worker (150-170 against 128-132 sentences/s for random groups of 32).
+  threads in one process wait for each other and for the HTTP event loop. The batches of a
+  server are small and unsorted, and a step of a small batch is mostly fixed cost that a second
+  intra-op thread does not share, so two 1-thread workers beat one 2-thread worker (both
+  comparisons measured in docs/BENCHMARKS.md, "Serving under load").
 
 A child ignores SIGINT and SIGTERM (the server stops it once the requests in flight are
 answered) and exits when its pipe closes, so it never outlives the server. A child that dies

@@ -113,6 +113,6 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    # The fused kernel updates every tensor in one pass (on CPU ~4x faster than the default loop).
+    # The fused kernel updates every tensor in one pass (docs/BENCHMARKS.md, training throughput).
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in decay + no_decay)
     return torch.optim.AdamW(groups, lr=learning_rate(1, cfg), betas=cfg.betas, eps=cfg.eps, fused=fused)

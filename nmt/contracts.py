@@ -11,7 +11,7 @@ those classes: a protocol is satisfied by shape, not by inheritance.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -61,10 +61,19 @@ class Engine(Protocol):
     precision: str  # the precision it resolved to (fp32 | bf16 | fp16 | int8)
 
     def search(
-        self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float, greedy: bool, on_done: OnDone = None
+        self,
+        seqs: list[list[int]],
+        beam: int,
+        nbest: int,
+        len_penalty: float,
+        greedy: bool,
+        on_done: OnDone = None,
+        *,
+        sampling: Any = None,
     ) -> Found:
         """`seqs`: source piece ids without EOS; per sequence up to `nbest` hypotheses, best first
-        (score NaN for greedy)."""
+        (score NaN for greedy and for sampling, `nmt.decode.sampling.Sampling`, which replaces
+        the search)."""
         ...
 
 

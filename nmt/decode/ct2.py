@@ -64,6 +64,7 @@ import nmt
 from nmt import BOS_ID, EOS_ID, PAD_ID
 from nmt.config import Config, DecodeConfig, config_from_dict, config_to_dict, load_config
 from nmt.decode.ct2_spec import NmtConverter, check_representable
+from nmt.decode.sampling import Sampling
 from nmt.errors import NmtError
 
 try:
@@ -251,6 +252,12 @@ def compute_type(device: torch.device, precision: str) -> str:
     return wanted
 
 
+def seed_sampling(seed: int) -> None:
+    """Seed CTranslate2's sampling; effective for engines whose worker threads have not sampled yet."""
+    require_ctranslate2()
+    ctranslate2.set_random_seed(seed)
+
+
 _NMT_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
@@ -312,10 +319,25 @@ class CTranslate2Engine:
         return max(0, min(math.floor(d.max_len_a * src_len + d.max_len_b), self.max_positions - 1))
 
     def search(
-        self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float, greedy: bool, on_done: Any = None
+        self,
+        seqs: list[list[int]],
+        beam: int,
+        nbest: int,
+        len_penalty: float,
+        greedy: bool,
+        on_done: Any = None,
+        *,
+        sampling: Sampling | None = None,
     ) -> list[list[tuple[list[int], float]]]:
-        """Per sequence up to `nbest` (target ids, score), best first; score NaN for greedy.
-        (`on_done` is not called: CTranslate2 returns a batch at once.)"""
+        """Per sequence up to `nbest` (target ids, score), best first; score NaN for greedy and
+        sampling. (`on_done` is not called: CTranslate2 returns a batch at once.) Sampling maps
+        onto CTranslate2's `sampling_topk/topp/temperature`. Its random generators live on its
+        worker threads and take the seed of `seed_sampling` when they are first used, so a
+        process that seeds before loading the engine (`Translator.from_run` does) draws the same
+        samples for the same calls as any other such process; within a process each call draws
+        on, and unlike the native engine a sentence's sample depends on its batch."""
+        if sampling is not None:
+            return self._sample(seqs, sampling)
         found: list[list[tuple[list[int], float]]] = [[] for _ in seqs]
         limits = [self.max_len(len(s)) for s in seqs]
         order = sorted(range(len(seqs)), key=lambda i: limits[i])
@@ -329,6 +351,21 @@ class CTranslate2Engine:
             for i, source, result in zip(rows, sources, self._beam(sources, limit, beam, len_penalty), strict=True):
                 found[i] = self._rank(source, result, limit, len_penalty)[:nbest]
         return found
+
+    def _sample(self, seqs: list[list[int]], sampling: Sampling) -> list[list[tuple[list[int], float]]]:
+        limits = [self.max_len(len(s)) for s in seqs]
+        results = self.translator.translate_batch(
+            [[self.src_pieces[t] for t in s] for s in seqs],
+            beam_size=1,
+            max_decoding_length=max([*limits, 1]),
+            min_decoding_length=self.decode.min_len,
+            return_end_token=True,
+            max_input_length=0,
+            sampling_topk=sampling.topk,  # 0: the whole distribution, as in nmt
+            sampling_topp=sampling.topp,
+            sampling_temperature=sampling.temperature,
+        )
+        return [[(self._ids(r.hypotheses[0])[:limit], math.nan)] for r, limit in zip(results, limits, strict=True)]
 
     def _beam(self, sources: list[list[str]], limit: int, beam: int, len_penalty: float) -> list:
         """Beam search results holding every finished hypothesis nmt would weigh (see `_translate`)."""

@@ -20,6 +20,7 @@ import torch
 from nmt.config import DecodeConfig
 from nmt.contracts import Found, OnDone
 from nmt.data.batching import pad_sources
+from nmt.decode.sampling import Sampling
 from nmt.decode.search import Hypothesis, beam_search, greedy_search
 from nmt.device import decoding_model, resolve_inference_precision
 
@@ -43,13 +44,21 @@ class NativeEngine:
         self.decode, self.device = decode, device
 
     def search(
-        self, seqs: list[list[int]], beam: int, nbest: int, len_penalty: float, greedy: bool, on_done: OnDone = None
+        self,
+        seqs: list[list[int]],
+        beam: int,
+        nbest: int,
+        len_penalty: float,
+        greedy: bool,
+        on_done: OnDone = None,
+        *,
+        sampling: Sampling | None = None,
     ) -> Found:
         d = self.decode
         src = pad_sources(seqs).to(self.device)  # (B, S)
         with torch.inference_mode():
-            if greedy:
-                out = greedy_search(self.model, src, d.max_len_a, d.max_len_b, d.min_len)
+            if greedy or sampling is not None:
+                out = greedy_search(self.model, src, d.max_len_a, d.max_len_b, d.min_len, sampling=sampling)
                 return [[(tokens, float("nan"))] for tokens in out]
             report = (lambda i, row: on_done(i, _pairs(row))) if on_done is not None else None
             lengths = (d.max_len_a, d.max_len_b, d.min_len, d.no_repeat_ngram)

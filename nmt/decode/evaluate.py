@@ -15,6 +15,7 @@ BLEU of a union is not the mean of its parts.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,6 +205,9 @@ def evaluate_run(
         base = split if src is None else f"ext-{src_path.name.split('.')[0]}"
         name = base if beam == config.decode.beam else f"{base}.beam{beam}"
         name += "" if opts.engine == "native" else f".{opts.engine}"  # keep both engines' reports
+        if opts.sampling is not None:
+            sm = opts.sampling
+            name += f".sample-k{sm.topk}-p{sm.topp:g}-t{sm.temperature:g}-s{sm.seed}"
     hyps, result = _decode_and_score(translator, src_lines, ref_lines, code_list, beam, job.ter)
     d = config_to_dict(config)["decode"]
     report: dict[str, Any] = {
@@ -220,6 +224,7 @@ def evaluate_run(
             "device": str(translator.device),
             "precision": translator.precision,
             "engine": translator.engine.name,
+            "sampling": dataclasses.asdict(opts.sampling) if opts.sampling is not None else None,
         },
         **result,
     }

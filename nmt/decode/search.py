@@ -48,6 +48,7 @@ from torch import Tensor
 
 from nmt import BOS_ID, EOS_ID, PAD_ID
 from nmt.contracts import DecodingModel, DecodingState
+from nmt.decode.sampling import Sampling, sample_tokens, sentence_keys
 
 NEG_INF = float("-inf")
 _NEVER = torch.tensor([PAD_ID, BOS_ID])  # ids that are never generated
@@ -132,9 +133,16 @@ def _log_probs(model: DecodingModel, tokens: Tensor, state: DecodingState) -> Te
 
 @torch.inference_mode()
 def greedy_search(
-    model: DecodingModel, src: Tensor, max_len_a: float = 1.5, max_len_b: float = 10, min_len: int = 1
+    model: DecodingModel,
+    src: Tensor,
+    max_len_a: float = 1.5,
+    max_len_b: float = 10,
+    min_len: int = 1,
+    *,
+    sampling: Sampling | None = None,
 ) -> list[list[int]]:
-    """Most probable next token at every step, for a batch `src` (B, S). Returns B token lists."""
+    """Most probable next token at every step, for a batch `src` (B, S). Returns B token lists.
+    With `sampling`, each next token is drawn instead (`nmt.decode.sampling`; the same lengths)."""
     B = src.size(0)
     max_len = max_lengths(model, src, max_len_a, max_len_b)  # (B,)
     steps = int(max_len.max().item()) + 1 if B else 0
@@ -144,9 +152,11 @@ def greedy_search(
     rows = torch.arange(B, device=src.device)  # original index of each row still decoded
     tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=src.device)  # (R,)
     ended = torch.zeros(B, dtype=torch.bool, device=src.device)  # (R,): has emitted EOS
+    keys = sentence_keys(src) if sampling is not None else None  # (B,)
     for t in range(steps):
         logits = constrain(model.decode_step(tokens, state), t, min_len, max_len[rows], earliest)  # (R, V)
-        tokens = logits.argmax(dim=-1)  # (R,): the argmax of the log-probs too
+        # (R,): the argmax (of the log-probs too), or a draw
+        tokens = logits.argmax(dim=-1) if keys is None else sample_tokens(logits, sampling, keys[rows], t)
         out[rows, t] = tokens  # what an ended row writes after its EOS is cut by _strip
         ended |= tokens == EOS_ID
         n_ended = int(ended.sum())

@@ -42,6 +42,7 @@ from nmt.config import Config, load_config
 from nmt.contracts import Engine, Tokenizer
 from nmt.data.passthrough import Masked, mask, masker, restore
 from nmt.decode.engines import ENGINES, NativeEngine
+from nmt.decode.sampling import Sampling
 from nmt.device import resolve_device
 from nmt.errors import NmtError
 
@@ -60,6 +61,7 @@ class InferenceOptions:
     beam: int | None = None  # None: decode.beam of the run's config
     nbest: int = 1
     len_penalty: float | None = None  # None: decode.len_penalty
+    sampling: Sampling | None = None  # draw tokens (top-k / top-p / temperature, seeded) instead of searching
 
 
 @dataclass
@@ -107,6 +109,7 @@ class Translator:
         self._stats_lock = threading.Lock()
         self.masker = masker(config.data, src_tok, tgt_tok)  # pass-through spans (nmt/data/passthrough.py)
         self.masks: list[Masked | None] = []  # per line of the last `encode_sources` call
+        self.sampling: Sampling | None = None  # set: every line is sampled (`nmt.decode.sampling`), beam unused
 
     @classmethod
     def from_run(
@@ -118,6 +121,7 @@ class Translator:
         precision: str = InferenceOptions.precision,
         config: Config | None = None,
         engine: str = InferenceOptions.engine,
+        sampling: Sampling | None = InferenceOptions.sampling,
     ) -> Translator:
         """Load `checkpoint` (default: `nmt.checkpoint.choose_inference_checkpoint`) with the run's vocabularies.
         Defaults are `InferenceOptions`' (one set for every way in: CLI, server, scripts).
@@ -133,11 +137,17 @@ class Translator:
         if engine not in ENGINES:
             raise NmtError(f"--engine {engine!r}: expected one of {' | '.join(ENGINES)}")
         dev = resolve_device(device)
+        if engine == "ctranslate2" and sampling is not None:
+            from nmt.decode.ct2 import seed_sampling
+
+            seed_sampling(sampling.seed)  # before the engine's threads first sample
         if engine == "ctranslate2" and checkpoint is not None and Path(checkpoint).is_dir():
             from nmt.decode.ct2 import CTranslate2Engine  # an `nmt export` directory: no PyTorch weights needed
 
             ct2, src_tok, tgt_tok, config = CTranslate2Engine.from_export(checkpoint, config, dev, precision)
-            return cls(None, src_tok, tgt_tok, config, checkpoint=Path(checkpoint), engine=ct2)
+            translator = cls(None, src_tok, tgt_tok, config, checkpoint=Path(checkpoint), engine=ct2)
+            translator.sampling = sampling
+            return translator
         choice = choose_inference_checkpoint(run_dir) if checkpoint is None else None
         path = Path(checkpoint) if choice is None else choice.path
         state, stored = load_weights(path)
@@ -151,6 +161,7 @@ class Translator:
         else:
             model = _load_model(config, state, src_tok.vocab_size, tgt_tok.vocab_size, path)
             translator = cls(model, src_tok, tgt_tok, config, dev, precision, path)  # the engine resolves 'auto'
+        translator.sampling = sampling
         print(describe_checkpoint(path, choice.reason if choice else "named explicitly"), file=sys.stderr)
         return translator
 
@@ -161,7 +172,13 @@ class Translator:
 
         _, run = resolve_run(None, str(opts.run_dir) if opts.run_dir is not None else None, need_model=True)
         return cls.from_run(
-            run, opts.checkpoint, device=opts.device, precision=opts.precision, config=config, engine=opts.engine
+            run,
+            opts.checkpoint,
+            device=opts.device,
+            precision=opts.precision,
+            config=config,
+            engine=opts.engine,
+            sampling=opts.sampling,
         )
 
     # ----------------------------------------------------------------------- public API
@@ -300,7 +317,7 @@ class Translator:
     ) -> list[list[tuple]]:
         """Decode one batch of source sequences; returns (tokens, score) lists, best first."""
         start = time.perf_counter()
-        found = self.engine.search(seqs, beam, nbest, len_penalty, greedy, on_done)
+        found = self.engine.search(seqs, beam, nbest, len_penalty, greedy, on_done, sampling=self.sampling)
         with self._stats_lock:  # `nmt serve` decodes on several threads
             self.stats.seconds += time.perf_counter() - start
             self.stats.sentences += len(seqs)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,6 +67,31 @@ def test_engines_agree_on_a_trained_model(trained_run):
         bleu_a, bleu_b = score(a, ref)["bleu"], score(b, ref)["bleu"]
         assert bleu_a > 20, "the model should have learned something"
         assert abs(bleu_a - bleu_b) <= 0.2, f"beam {beam}: BLEU {bleu_a:.2f} vs {bleu_b:.2f}"
+
+
+def test_sampling_maps_onto_ctranslate2s_options(trained_run):
+    """top-k 1 is greedy in both engines; a seed reproduces CTranslate2's draws; a wide top-k samples."""
+    from nmt.decode.sampling import Sampling
+
+    src = _lines(trained_run, "valid.zh")[:40]
+    fast = Translator.from_run(trained_run, precision="fp32", engine="ctranslate2")
+    greedy = fast.translate(src, beam=1)
+    fast.sampling = Sampling(topk=1, seed=4)
+    assert fast.translate(src) == greedy
+    fast.sampling = Sampling(topk=0, temperature=1.5, seed=4)
+    drawn = fast.translate(src)
+    assert drawn != greedy and len(drawn) == len(src)
+
+
+def test_ctranslate2_sampling_is_reproducible_from_process_to_process(trained_run):
+    """CTranslate2 seeds its generators when its threads first sample: two fresh processes with
+    the same seed print the same samples (within one process, each call draws on)."""
+    cmd = [sys.executable, "-m", "nmt", "translate", "--run", str(trained_run), "--engine", "ctranslate2"]
+    cmd += ["--sample-topk", "0", "--temperature", "1.5", "--seed", "4", *_lines(trained_run, "valid.zh")[:12]]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    first, second = (subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300) for _ in range(2))
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout and len(first.stdout.splitlines()) == 12
 
 
 def test_nbest_lists_and_scores_match(trained_run):

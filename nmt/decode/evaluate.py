@@ -205,6 +205,8 @@ def evaluate_run(
         base = split if src is None else f"ext-{src_path.name.split('.')[0]}"
         name = base if beam == config.decode.beam else f"{base}.beam{beam}"
         name += "" if opts.engine == "native" else f".{opts.engine}"  # keep both engines' reports
+        if opts.ensemble:
+            name += f".ensemble{1 + len(opts.ensemble)}"
         if opts.sampling is not None:
             sm = opts.sampling
             name += f".sample-k{sm.topk}-p{sm.topp:g}-t{sm.temperature:g}-s{sm.seed}"
@@ -225,6 +227,7 @@ def evaluate_run(
             "precision": translator.precision,
             "engine": translator.engine.name,
             "sampling": dataclasses.asdict(opts.sampling) if opts.sampling is not None else None,
+            "ensemble": [str(p) for p in opts.ensemble],
         },
         **result,
     }

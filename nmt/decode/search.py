@@ -125,6 +125,8 @@ def _encode(model: DecodingModel, src: Tensor) -> Tensor:
 
 def _log_probs(model: DecodingModel, tokens: Tensor, state: DecodingState) -> Tensor:
     logits = model.decode_step(tokens, state)  # (R, V)
+    if getattr(model, "decodes_log_probs", False):  # an ensemble's mean log-probabilities, used as they are
+        return logits
     return torch.log_softmax(logits.float(), dim=-1)
 
 

@@ -62,6 +62,7 @@ class InferenceOptions:
     nbest: int = 1
     len_penalty: float | None = None  # None: decode.len_penalty
     sampling: Sampling | None = None  # draw tokens (top-k / top-p / temperature, seeded) instead of searching
+    ensemble: tuple[Path, ...] = ()  # more checkpoints decoded with `checkpoint` as one model (native engine)
 
 
 @dataclass
@@ -122,6 +123,7 @@ class Translator:
         config: Config | None = None,
         engine: str = InferenceOptions.engine,
         sampling: Sampling | None = InferenceOptions.sampling,
+        ensemble: tuple[Path, ...] = InferenceOptions.ensemble,
     ) -> Translator:
         """Load `checkpoint` (default: `nmt.checkpoint.choose_inference_checkpoint`) with the run's vocabularies.
         Defaults are `InferenceOptions`' (one set for every way in: CLI, server, scripts).
@@ -137,6 +139,8 @@ class Translator:
         if engine not in ENGINES:
             raise NmtError(f"--engine {engine!r}: expected one of {' | '.join(ENGINES)}")
         dev = resolve_device(device)
+        if ensemble and engine != "native":
+            raise NmtError(f"--checkpoint more than once: ensembles decode with the native engine, not {engine}")
         if engine == "ctranslate2" and sampling is not None:
             from nmt.decode.ct2 import seed_sampling
 
@@ -160,6 +164,8 @@ class Translator:
             translator = cls(None, src_tok, tgt_tok, config, checkpoint=path, engine=ct2)
         else:
             model = _load_model(config, state, src_tok.vocab_size, tgt_tok.vocab_size, path)
+            if ensemble:
+                model = _ensemble(model, run_dir, config, ensemble, dev)
             translator = cls(model, src_tok, tgt_tok, config, dev, precision, path)  # the engine resolves 'auto'
         translator.sampling = sampling
         print(describe_checkpoint(path, choice.reason if choice else "named explicitly"), file=sys.stderr)
@@ -179,6 +185,7 @@ class Translator:
             config=config,
             engine=opts.engine,
             sampling=opts.sampling,
+            ensemble=opts.ensemble,
         )
 
     # ----------------------------------------------------------------------- public API
@@ -335,6 +342,28 @@ def _inference_config(run_dir: Path, config: Config | None, stored: Config, devi
     if config.model.attention == "flash" and device.type != "cuda":
         config.model.attention = "auto"  # trained with flash on a GPU, decoded elsewhere
     return config
+
+
+def _ensemble(
+    first: torch.nn.Module, run_dir: Path, config: Config, paths: tuple[Path, ...], dev: torch.device
+) -> torch.nn.Module:
+    """`first` and the models of `paths` as one `Ensemble`. Each member keeps its own shape (from
+    its checkpoint); all must share the first model's vocabularies (files of the runs they belong to)."""
+    from nmt.checkpoint import load_weights
+    from nmt.model.ensemble import Ensemble, check_vocabularies
+
+    def vocab(run: Path) -> tuple[Path, Path]:
+        return tuple(run / "vocab" / f"{lang}.model" for lang in (config.data.src_lang, config.data.tgt_lang))
+
+    members, vocabs = [first], [vocab(run_dir)]
+    for path in map(Path, paths):
+        state, stored = load_weights(path)
+        vocabs.append(vocab(path.parent.parent if path.parent.name == "checkpoints" else run_dir))
+        check_vocabularies(vocabs)
+        sizes = (first.src_vocab, first.tgt_vocab)
+        members.append(_load_model(_inference_config(run_dir, config, stored, dev), state, *sizes, path))
+        print(f"ensemble member {len(members)}: {path}", file=sys.stderr)
+    return Ensemble(members)
 
 
 def _load_model(config: Config, state: dict, src_vocab: int, tgt_vocab: int, path: Path) -> torch.nn.Module:

@@ -50,12 +50,26 @@ MirrorOpt = Annotated[
 CheckpointOpt = Annotated[
     Path | None, typer.Option("--checkpoint", help="A .safetensors checkpoint (default: the run's newest model).")
 ]
+CheckpointsOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--checkpoint",
+        help="A .safetensors checkpoint (default: the run's newest model); more than once: an ensemble "
+        "(log-probabilities averaged at every step; native engine, shared vocabularies).",
+    ),
+]
 BeamOpt = Annotated[int | None, typer.Option("--beam", min=1, help="Beam size (1 = greedy; default decode.beam).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
 PrecisionOpt = Annotated[
     str, typer.Option("--precision", help="auto | fp32 | bf16 | int8 (native engine; auto = fastest measured here)")
 ]
 EngineOpt = Annotated[str, typer.Option("--engine", help="native | ctranslate2 (needs nmt[ctranslate2])")]
+TopkOpt = Annotated[
+    int | None, typer.Option("--sample-topk", help="Sample from the K most probable tokens (0 = all) instead of beam.")
+]
+ToppOpt = Annotated[float | None, typer.Option("--sample-topp", help="Sample from the nucleus of mass P in (0, 1].")]
+TemperatureOpt = Annotated[float | None, typer.Option("--temperature", help="Sampling temperature > 0 (default 1).")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the sampling draws (same seed, same output).")]
 
 
 class LogLevel(str, enum.Enum):
@@ -127,14 +141,30 @@ def train(
     run: RunOpt = None,
     restart: Annotated[bool, typer.Option("--restart", help="Delete checkpoints and start over.")] = False,
     nproc: Annotated[int, typer.Option("--nproc", help="Processes on this machine (DDP via torchrun).")] = 1,
+    init_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--init-from",
+            help="Fine-tune: start from this checkpoint's weights (fresh optimizer and steps) and its run's "
+            "vocabularies (= --set train.init_from=PATH).",
+        ),
+    ] = None,
 ) -> None:
     """Train (or resume) the model of a run. Resumes from the last checkpoint unless --restart."""
     if nproc > 1 and "LOCAL_RANK" not in os.environ:
         from nmt.train.distributed import launch_with_torchrun
 
         raise typer.Exit(launch_with_torchrun(nproc, sys.argv[1:]))
+    set_ = [*(set_ or []), f"train.init_from={init_from}"] if init_from is not None else set_
     cfg, run_dir = _setup(config, set_, run)
     from nmt.train.loop import train as train_run
+
+    if cfg.train.init_from:
+        from nmt.data.vocab import build_vocab
+        from nmt.train.resume import check_init
+
+        check_init(cfg)  # direction and shape, before copying vocabularies and encoding
+        build_vocab(cfg, run_dir)  # copies the source run's vocabularies and encodes with them (once)
 
     summary = train_run(cfg, run_dir, restart=restart)
     if summary:
@@ -148,7 +178,7 @@ def translate(
     input: Annotated[Path | None, typer.Option("--input", "-i", help="File with one sentence per line.")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write translations here.")] = None,
     run: RunOpt = None,
-    checkpoint: CheckpointOpt = None,
+    checkpoint: CheckpointsOpt = None,
     beam: BeamOpt = None,
     nbest: Annotated[int, typer.Option("--nbest", min=1, help="Hypotheses per sentence.")] = 1,
     len_penalty: Annotated[float | None, typer.Option("--len-penalty")] = None,
@@ -158,6 +188,10 @@ def translate(
     attention: Annotated[
         Path | None, typer.Option("--attention", help="Also write a cross-attention heatmap per sentence: DIR/<n>.png.")
     ] = None,
+    sample_topk: TopkOpt = None,
+    sample_topp: ToppOpt = None,
+    temperature: TemperatureOpt = None,
+    seed: SeedOpt = 0,
 ) -> None:
     """Translate Chinese text with a trained run (default: the newest run under runs/ with a model).
 
@@ -168,13 +202,15 @@ def translate(
         raise NmtError("give sentences as arguments or --input FILE, not both")
     opts = InferenceOptions(
         run_dir=run,
-        checkpoint=checkpoint,
+        checkpoint=checkpoint[0] if checkpoint else None,
+        ensemble=tuple(checkpoint[1:]) if checkpoint else (),
         device=device,
         precision=precision,
         engine=engine,
         beam=beam,
         nbest=nbest,
         len_penalty=len_penalty,
+        sampling=_sampling(sample_topk, sample_topp, temperature, seed),
     )
     if attention is not None:
         from nmt.serve.plot import translate_with_attention
@@ -186,6 +222,20 @@ def translate(
         typer.echo(f"wrote {n} heatmaps to {attention}", err=True)
         return
     translate_to(opts, texts=texts, input_path=input, output_path=output)
+
+
+def _sampling(topk: int | None, topp: float | None, temperature: float | None, seed: int) -> Any:
+    """A `nmt.decode.sampling.Sampling` when any sampling option is given, else None (beam search)."""
+    if topk is None and topp is None and temperature is None:
+        return None
+    from nmt.decode.sampling import Sampling
+
+    return Sampling(
+        topk=0 if topk is None else topk,
+        topp=1.0 if topp is None else topp,
+        temperature=1.0 if temperature is None else temperature,
+        seed=seed,
+    )
 
 
 def _read_lines(texts: list[str] | None, path: Path | None) -> list[str]:
@@ -207,12 +257,16 @@ def eval_(
     split: Annotated[str, typer.Option("--split", help="valid | test")] = "test",
     src: Annotated[Path | None, typer.Option("--src", help="External source file (with --ref).")] = None,
     ref: Annotated[Path | None, typer.Option("--ref", help="External reference file (with --src).")] = None,
-    checkpoint: CheckpointOpt = None,
+    checkpoint: CheckpointsOpt = None,
     beam: BeamOpt = None,
     greedy: Annotated[bool, typer.Option("--greedy", help="Also report greedy decoding.")] = False,
     device: DeviceOpt = "auto",
     precision: PrecisionOpt = "auto",
     engine: EngineOpt = "native",
+    sample_topk: TopkOpt = None,
+    sample_topp: ToppOpt = None,
+    temperature: TemperatureOpt = None,
+    seed: SeedOpt = 0,
 ) -> None:
     """Translate a split (or --src/--ref) and score it with sacreBLEU BLEU and chrF."""
     from nmt.decode.evaluate import EvalJob, evaluate_run
@@ -229,7 +283,14 @@ def eval_(
         run_dir,
         job,
         InferenceOptions(
-            run_dir=run_dir, checkpoint=checkpoint, device=device, precision=precision, engine=engine, beam=beam
+            run_dir=run_dir,
+            checkpoint=checkpoint[0] if checkpoint else None,
+            ensemble=tuple(checkpoint[1:]) if checkpoint else (),
+            device=device,
+            precision=precision,
+            engine=engine,
+            beam=beam,
+            sampling=_sampling(sample_topk, sample_topp, temperature, seed),
         ),
     )
 
@@ -322,11 +383,19 @@ def serve(
         ),
     ] = 0,
     log_level: Annotated[LogLevel, typer.Option("--log-level", help="warning: no line per request.")] = LogLevel.info,
+    api_keys: Annotated[
+        Path | None,
+        typer.Option("--api-keys", help="File of LibreTranslate API keys, one a line: its requests then need one."),
+    ] = None,
+    req_limit: Annotated[
+        int, typer.Option("--req-limit", min=0, help="LibreTranslate requests per minute per client (0 = no limit).")
+    ] = 0,
 ) -> None:
-    """Serve a run over HTTP: JSON API (/translate, /docs) and a web page at / (needs nmt[serve])."""
+    """Serve a run over HTTP: JSON API (/translate, /docs), LibreTranslate API, web page at / (needs nmt[serve])."""
     try:
         from nmt.serve.app import ServeLimits, ServeOptions
         from nmt.serve.app import serve as run_server
+        from nmt.serve.libretranslate import LibreAccess
     except ImportError as e:
         raise NmtError(f"nmt serve needs the serve extra ({e.name} is missing): pip install 'nmt[serve]'") from None
     from nmt.decode.translator import InferenceOptions
@@ -337,7 +406,8 @@ def serve(
     opts = InferenceOptions(
         run_dir=run, checkpoint=checkpoint, device=device, precision=precision, engine=engine, beam=beam
     )
-    run_server(opts, ServeOptions(host, port, limits, log_level.value))
+    access = LibreAccess.load(api_keys, req_limit)  # before loading the model: a bad file fails at once
+    run_server(opts, ServeOptions(host, port, limits, log_level.value, access))
 
 
 @app.command()

@@ -11,6 +11,9 @@ Routes (JSON unless noted; errors are `{"error": "one line"}` with a 4xx/5xx sta
     GET  /run/evals      the run's eval reports, summarised
     GET  /docs           the OpenAPI page FastAPI serves
 
+LibreTranslate's API is served too (nmt/serve/libretranslate.py): POST /translate with `q` instead
+of `text`, /languages, /detect, /frontend/settings; any origin may call the app (CORS).
+
 Sentences of concurrent requests are decoded together by `nmt.serve.batcher.Batcher`; every output
 is what `nmt translate` prints for the same line and settings.
 """
@@ -35,6 +38,7 @@ from starlette.requests import ClientDisconnect
 from nmt.errors import NmtError
 from nmt.runlog import curves_to_json, eval_summary, read_curves, read_eval_reports
 from nmt.serve.batcher import Batcher, BatchLimits, Decoding
+from nmt.serve.libretranslate import LibreAccess, LibreTranslate
 from nmt.serve.workers import ModelHost, ModelWorkers
 
 WEB_DIR = Path(__file__).resolve().parent / "web"
@@ -81,6 +85,11 @@ class ApiError(Exception):
 
 async def read_json(request: Request, limit: int) -> Any:
     """The body as JSON: 413 over `limit` bytes, 400 for invalid UTF-8 or malformed JSON."""
+    return decode_json(await read_body(request, limit))
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body: 413 over `limit` bytes, 400 when the client leaves before it is complete."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body of {declared} bytes is over the limit of {limit}")
@@ -92,6 +101,11 @@ async def read_json(request: Request, limit: int) -> Any:
                 raise ApiError(413, f"request body is over the limit of {limit} bytes")
     except ClientDisconnect:
         raise ApiError(400, "client disconnected before the request body was complete") from None
+    return bytes(body)
+
+
+def decode_json(body: bytes) -> Any:
+    """`body` as JSON: 400 for invalid UTF-8 or malformed JSON."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -262,8 +276,9 @@ def auto_workers(opts: Any) -> int:
 # --------------------------------------------------------------------------- the app
 
 
-def create_app(service: Service) -> FastAPI:
-    """The FastAPI app around a loaded `Service`; the batcher runs for the app's lifetime."""
+def create_app(service: Service, access: LibreAccess | None = None) -> FastAPI:
+    """The FastAPI app around a loaded `Service`; the batcher runs for the app's lifetime.
+    `access`: who may use the LibreTranslate routes (default: anyone, no limit)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -275,6 +290,8 @@ def create_app(service: Service) -> FastAPI:
     app.state.service = service
     _add_error_handlers(app)
     app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+    libre = LibreTranslate(service, access or LibreAccess(), read_body)
+    libre.install(app)
 
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
@@ -290,8 +307,12 @@ def create_app(service: Service) -> FastAPI:
 
     @app.post("/translate", openapi_extra=body_schema(TranslateRequest), response_class=JSONResponse)
     async def translate(request: Request) -> JSONResponse:
-        """Translate one sentence or a list; outputs in input order, n-best with scores."""
-        req = parse(TranslateRequest, await read_json(request, service.limits.max_body_bytes))
+        """Translate one sentence or a list; outputs in input order, n-best with scores. A form body, or
+        a `q` field and no `text`, is a LibreTranslate request instead (nmt/serve/libretranslate.py)."""
+        body = await read_body(request, service.limits.max_body_bytes)
+        if (fields := await libre.claim(request, body)) is not None:
+            return await libre.translate(request, fields)
+        req = parse(TranslateRequest, decode_json(body))
         return JSONResponse(await service.translate(req))  # plain JSON: no response-model pass per request
 
     @app.post("/attention", openapi_extra=body_schema(AttentionRequest))
@@ -336,6 +357,7 @@ class ServeOptions:
     port: int = 8080  # 0: any free port (printed)
     limits: ServeLimits = field(default_factory=ServeLimits)
     log_level: str = "info"
+    access: LibreAccess = field(default_factory=LibreAccess)  # API keys and request limit of the LibreTranslate routes
 
 
 def serve(opts: Any, server: ServeOptions) -> None:
@@ -365,7 +387,9 @@ def serve(opts: Any, server: ServeOptions) -> None:
         sock.close()
         raise
     f = service.facts
-    config = uvicorn.Config(create_app(service), log_level=server.log_level, timeout_graceful_shutdown=None)
+    config = uvicorn.Config(
+        create_app(service, server.access), log_level=server.log_level, timeout_graceful_shutdown=None
+    )
     print(
         f"nmt serve: {service.model_name} ({f.engine}, {f.precision}, {f.device}, "
         f"{service.batcher.workers.count} workers) on http://{server.host}:{port}/  (API docs: /docs; Ctrl-C to stop)",

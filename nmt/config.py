@@ -111,6 +111,9 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     max_nonfinite: int = 10  # abort after this many non-finite losses in a row
     seed: int = 1
+    # fine-tuning: a trained checkpoint whose weights start this run (step 0, fresh optimizer and
+    # schedule); its run's vocabularies are copied into this run (`nmt vocab`); "" = random init
+    init_from: str = ""
 
 
 @dataclass

@@ -46,6 +46,7 @@ from nmt.data.passthrough import PLACEHOLDERS, masked_corpus
 from nmt.data.readers import count_lines
 from nmt.data.recipes import SPLITS
 from nmt.errors import NmtError
+from nmt.files import atomic_path
 from nmt.runs import clear_stamp, hash_files, is_fresh, stamp_path, write_stamp
 
 _META_PIECES = 4  # pad, unk, bos, eos
@@ -268,8 +269,51 @@ def _outputs(run_dir: Path, langs: tuple[str, str]) -> list[Path]:
     return models + arrays
 
 
+def init_source_run(config: Config) -> Path:
+    """The run directory of `train.init_from` (the checkpoint's `checkpoints/` folder's parent)."""
+    path = Path(config.train.init_from)
+    return path.parent.parent if path.parent.name == "checkpoints" else path.parent
+
+
+def _source_models(config: Config) -> list[Path]:
+    """The SentencePiece models a fine-tuning run reuses (those of `train.init_from`'s run)."""
+    source = init_source_run(config) / "vocab"
+    models = [source / f"{lang}.model" for lang in (config.data.src_lang, config.data.tgt_lang)]
+    for model in models:
+        if not model.is_file():
+            raise NmtError(f"train.init_from: {model} not found (the vocabulary of the run the checkpoint belongs to)")
+    return models
+
+
+def check_vocab_copied(config: Config, run_dir: Path) -> None:
+    """NmtError (one line) unless `run_dir`'s vocabularies are `train.init_from`'s run's, byte for byte."""
+    for source in _source_models(config):
+        mine = Path(run_dir) / "vocab" / source.name
+        if not mine.is_file() or mine.read_bytes() != source.read_bytes():
+            raise NmtError(
+                f"{mine}: not the vocabulary of train.init_from's run ({source}); run `nmt vocab` "
+                "(it copies that run's vocabularies and encodes this run's corpus with them)"
+            )
+
+
+def _copy_models(config: Config, run_dir: Path) -> dict:
+    """Fine-tuning: the source run's SentencePiece models copied into `run_dir`/vocab (atomically)."""
+    models = {}
+    for source, lang in zip(_source_models(config), (config.data.src_lang, config.data.tgt_lang), strict=True):
+        for suffix in (".model", ".vocab"):
+            if source.with_suffix(suffix).is_file():
+                with atomic_path(run_dir / "vocab" / f"{lang}{suffix}") as tmp:
+                    shutil.copyfile(source.with_suffix(suffix), tmp)
+        models[lang] = {
+            "vocab_size": Tokenizer(run_dir / "vocab" / f"{lang}.model").vocab_size,
+            "copied_from": str(source),
+        }
+    return models
+
+
 def build_vocab(config: Config, run_dir: Path) -> dict:
-    """Train both SentencePiece models and encode all splits; return the report.
+    """Train both SentencePiece models (or, with `train.init_from`, copy those of that checkpoint's
+    run) and encode all splits; return the report.
 
     Skipped (report read back from the stamp) when corpus files and vocab/data config are unchanged.
     """
@@ -280,17 +324,22 @@ def build_vocab(config: Config, run_dir: Path) -> dict:
         if not p.is_file():
             raise NmtError(f"{p}: not found; run `nmt download` first")
     settings = {k: v for k, v in dataclasses.asdict(data).items() if k != "mirror"}
-    digest = hash_files(corpus, extra={"vocab": dataclasses.asdict(config.vocab), "data": settings})
+    reused = _source_models(config) if config.train.init_from else []
+    digest = hash_files(corpus + reused, extra={"vocab": dataclasses.asdict(config.vocab), "data": settings})
     if is_fresh(run_dir, "vocab", digest) and all(p.is_file() for p in _outputs(run_dir, langs)):
         Console(stderr=True).print(f"vocab: {run_dir / 'vocab'} is up to date (skipped)")
         return json.loads(stamp_path(run_dir, "vocab").read_text(encoding="utf-8"))["report"]
     clear_stamp(run_dir, "vocab")
     with masked_corpus(config, run_dir, SPLITS) as masked:  # None when pass-through is off
         texts = masked or {f"train.{lang}": run_dir / "corpus" / f"train.{lang}" for lang in langs}
-        models = {
-            lang: train_model(config, texts[f"train.{lang}"], run_dir / "vocab" / f"{lang}.model", side)
-            for lang, side in zip(langs, ("src", "tgt"), strict=True)
-        }
+        models = (
+            _copy_models(config, run_dir)
+            if reused
+            else {
+                lang: train_model(config, texts[f"train.{lang}"], run_dir / "vocab" / f"{lang}.model", side)
+                for lang, side in zip(langs, ("src", "tgt"), strict=True)
+            }
+        )
         report = _report(models, _encode_splits(config, run_dir, langs, masked), langs)
         if masked:
             report["passthrough"] = masked["stats"]

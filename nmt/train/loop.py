@@ -37,11 +37,12 @@ from torch import nn
 from nmt import checkpoint as ckpt
 from nmt.config import Config
 from nmt.data.batching import TokenBatchSampler, load_batch
+from nmt.data.vocab import check_vocab_copied
 from nmt.device import check_precision, describe, resolve_device, set_threads
 from nmt.runlog import TB_DIR, format_values
 from nmt.train.distributed import DistInfo, barrier, init_distributed, teardown
 from nmt.train.progress import TrainLog
-from nmt.train.resume import reshard, resume_checkpoint
+from nmt.train.resume import init_weights, reshard, resume_checkpoint
 from nmt.train.stopping import StoppingRules
 from nmt.train.update import StepResult, Trainer, TrainState
 from nmt.train.validation import EvalHook, Validator
@@ -205,6 +206,9 @@ class _Run:
         self.data = TrainData.open(config, run_dir, device, info)
         self.model = build_seeded(config, self.data.vocab_sizes(config), device, build)
         self.resumed = resume_checkpoint(self.model, self.ckpt_dir)
+        if self.resumed.path is None and t.init_from:
+            check_vocab_copied(config, run_dir)
+            self.resumed.notes.append(init_weights(self.model, config))
         self.trainer = Trainer(wrap(self.model, config, info, device), t, device)
         if self.resumed.state is not None:
             self.trainer.load_state_dict(self.resumed.state, restore_rng=info.is_main)

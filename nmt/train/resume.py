@@ -1,4 +1,5 @@
-"""Resuming training: the newest readable checkpoint into the model, and what changed since.
+"""Where training starts: the newest readable checkpoint of the run (resume), or, for a new run,
+another run's trained model (`train.init_from`, fine-tuning), and what changed since.
 
 `resume_checkpoint` walks the complete step checkpoints newest first and loads the first
 whose weights and trainer state both read back (a half-written newest one is skipped with a
@@ -7,12 +8,14 @@ note); a checkpoint of a different architecture is a one-line `NmtError`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch import nn
 
 from nmt import checkpoint as ckpt
+from nmt.config import Config
 from nmt.errors import NmtError
 from nmt.train.update import TrainState
 
@@ -52,3 +55,50 @@ def reshard(state: TrainState, saved_world_size: int, world_size: int) -> str | 
     state.epoch += 1
     state.batch_in_epoch = 0
     return f"resuming on {world_size} ranks (saved with {saved_world_size}): data restarts at the next epoch"
+
+
+# --------------------------------------------------------------------------- fine-tuning
+
+
+def init_weights(model: nn.Module, config: Config) -> str:
+    """`train.init_from`'s weights into `model` (a new run, step 0); the train.log note. NmtError
+    (one line) for a checkpoint of the other direction, of another shape, or whose run's
+    vocabularies are not this run's."""
+    tensors, stored, path = _init_checkpoint(config)
+    try:
+        model.load_state_dict(tensors)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[-1].strip()
+        raise NmtError(f"train.init_from: {path} does not fit this run's model ({first})") from None
+    return f"initialised from {path} (its weights; optimizer, schedule and step count start fresh)"
+
+
+def check_init(config: Config) -> None:
+    """`train.init_from` checked before any work: it exists, translates this run's direction and
+    has this run's model shape (NmtError, one line)."""
+    _init_checkpoint(config)
+
+
+def _init_checkpoint(config: Config) -> tuple[dict, Config, Path]:
+    path = Path(config.train.init_from)
+    if not path.is_file():
+        raise NmtError(f"train.init_from: {path}: checkpoint not found")
+    tensors, stored = ckpt.load_weights(path)
+    check_init_source(stored, config, path)
+    return tensors, stored, path
+
+
+_SHAPE_FREE = ("dropout", "attention", "attention_dropout")  # settings that do not change the weights
+
+
+def check_init_source(stored: Config, config: Config, path: Path) -> None:
+    """NmtError naming the first difference that makes `path`'s model unusable as this run's start."""
+    theirs, ours = (stored.data.src_lang, stored.data.tgt_lang), (config.data.src_lang, config.data.tgt_lang)
+    if theirs != ours:
+        raise NmtError(
+            f"train.init_from: {path} translates {'→'.join(theirs)}, this run {'→'.join(ours)} (the other direction)"
+        )
+    for name in (f.name for f in dataclasses.fields(stored.model)):
+        a, b = getattr(stored.model, name), getattr(config.model, name)
+        if name not in _SHAPE_FREE and a != b:
+            raise NmtError(f"train.init_from: {path} has model.{name}={a}, this run's config {b}")

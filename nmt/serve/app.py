@@ -235,7 +235,12 @@ class Service:
     def batch_counts(self) -> dict[str, int]:
         """Model calls made so far, the sentences they decoded, and the most in one call."""
         st = self.batcher.stats
-        return {"model_calls": st.batches, "sentences_decoded": st.sentences, "largest_call": st.largest}
+        return {
+            "model_calls": st.batches,
+            "sentences_decoded": st.sentences,
+            "largest_call": st.largest,
+            "sentences_in_flight": self.batcher.outstanding,
+        }
 
     def info(self) -> dict[str, Any]:
         from nmt.checkpoint import checkpoint_step

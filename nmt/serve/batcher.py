@@ -85,6 +85,12 @@ class Batcher:
         self._outstanding = 0  # sentences accepted and not yet answered
         self._peaks: collections.deque[tuple[float, int]] = collections.deque()  # (time, outstanding) rises
 
+
+    @property
+    def outstanding(self) -> int:
+        """Sentences accepted and not yet answered (in `/info`: what a client or test can wait on)."""
+        return self._outstanding
+
     def start(self) -> None:
         self.workers.start()
         self._queue = asyncio.Queue()

@@ -323,7 +323,7 @@ def test_real_server_survives_disconnects_and_finishes_in_flight_work_on_sigterm
         big = {"text": SENTENCES, "beam": 4}  # waits (up to 1.5 s) for company up to the load: in flight at SIGTERM
         worker = threading.Thread(target=lambda: slow.update(answer=request(port, "POST", "/translate", big)))
         worker.start()
-        time.sleep(0.5)
+        wait_in_flight(port, len(big["text"]))  # the request is in the server before the signal
         proc.send_signal(signal.SIGTERM)
         worker.join(timeout=120)
         out = stop(proc)
@@ -335,6 +335,15 @@ def test_real_server_survives_disconnects_and_finishes_in_flight_work_on_sigterm
             proc.kill()
 
 
+def wait_in_flight(port: int, sentences: int, timeout: float = 60) -> None:
+    """Until the server reports at least `sentences` accepted and unanswered (`/info`): an event
+    of the server's, not a guess at how long a request takes to arrive."""
+    deadline = time.monotonic() + timeout
+    while request(port, "GET", "/info")[1]["batching"]["sentences_in_flight"] < sentences:
+        assert time.monotonic() < deadline, "the request never reached the server"
+        time.sleep(0.01)
+
+
 def test_ctrl_c_stops_the_server_and_its_decoding_processes_once_the_requests_are_answered(run, translator):
     proc, port = start_server(run, "--workers", "2")
     try:
@@ -344,7 +353,7 @@ def test_ctrl_c_stops_the_server_and_its_decoding_processes_once_the_requests_ar
         big = {"text": SENTENCES * 4, "beam": 4}
         client = threading.Thread(target=lambda: answer.update(r=request(port, "POST", "/translate", big)))
         client.start()
-        time.sleep(0.3)
+        wait_in_flight(port, len(big["text"]))
         interrupt(proc)  # reaches the children too: they keep decoding until the server lets them go
         client.join(timeout=120)
         out = stop(proc)

@@ -364,7 +364,7 @@ def summary(
 @user_errors
 def serve(
     run: RunOpt = None,
-    checkpoint: CheckpointOpt = None,
+    checkpoint: CheckpointsOpt = None,
     beam: BeamOpt = None,
     device: DeviceOpt = "auto",
     precision: PrecisionOpt = "auto",
@@ -404,7 +404,13 @@ def serve(
     batch = BatchLimits(batch_wait_ms, max_batch, workers)
     limits = ServeLimits(max_sentences, max_chars, max_beam=max_beam, batch=batch)
     opts = InferenceOptions(
-        run_dir=run, checkpoint=checkpoint, device=device, precision=precision, engine=engine, beam=beam
+        run_dir=run,
+        checkpoint=checkpoint[0] if checkpoint else None,
+        ensemble=tuple(checkpoint[1:]) if checkpoint else (),
+        device=device,
+        precision=precision,
+        engine=engine,
+        beam=beam,
     )
     access = LibreAccess.load(api_keys, req_limit)  # before loading the model: a bad file fails at once
     run_server(opts, ServeOptions(host, port, limits, log_level.value, access))

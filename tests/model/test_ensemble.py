@@ -106,3 +106,21 @@ def test_cli_ensemble_equals_the_model_alone_and_refuses_another_vocabulary(tiny
     )  # noqa: E501
     assert bad.exit_code == 1 and "is not the target vocabulary of the first model" in bad.stderr
     assert bad.stderr.count("\n") == 1
+
+
+def test_serve_decodes_an_ensemble(tiny_run):
+    from serving import request, start_server, stop
+
+    final = str(tiny_run / "checkpoints" / "final.safetensors")
+    lines = ["我们九点见。", "他们买了七只红色的猫。"]
+    proc, port = start_server(tiny_run, "--checkpoint", final, "--checkpoint", final, "--workers", "1")
+    try:
+        status, body = request(port, "POST", "/translate", {"text": lines, "beam": 2})
+    finally:
+        stop(proc)
+    assert status == 200, body
+    from nmt.decode.translator import Translator
+
+    alone = Translator.from_run(tiny_run, final, device="cpu", precision="fp32").translate(lines, beam=2)
+    assert [t["text"] for t in body["translations"]] == alone
+    assert "ensemble member 2" in proc.startup

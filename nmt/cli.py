@@ -22,7 +22,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    help="Chinese→English neural machine translation: download → vocab → train → translate/eval.",
+    help="Chinese↔English neural machine translation (data.direction zh-en | en-zh): download → vocab → train → translate/eval.",
 )
 
 ConfigOpt = Annotated[
@@ -193,7 +193,7 @@ def translate(
     temperature: TemperatureOpt = None,
     seed: SeedOpt = 0,
 ) -> None:
-    """Translate Chinese text with a trained run (default: the newest run under runs/ with a model).
+    """Translate text in the run's source language (data.direction) with a trained run (default: the newest run with a model).
 
     With --nbest K > 1 each input gives K lines `score<TAB>text`, best first."""
     from nmt.decode.translator import InferenceOptions, translate_to
@@ -315,13 +315,22 @@ def average(
 def export(
     run: RunOpt = None,
     checkpoint: CheckpointOpt = None,
-    format_: Annotated[str, typer.Option("--format", help="ctranslate2 (needs nmt[ctranslate2])")] = "ctranslate2",
+    format_: Annotated[
+        str,
+        typer.Option(
+            "--format", help="ctranslate2 | argos (an .argosmodel for Argos Translate); needs nmt[ctranslate2]"
+        ),
+    ] = "ctranslate2",
     quantization: Annotated[
         str | None, typer.Option("--quantization", help="int8 | int8_float32 | bfloat16 | float16 (default: float32)")
     ] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Default: <run>/export/ct2-...")] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Default: <run>/export/ct2-... (argos: <run>/export/argos-....argosmodel)"),
+    ] = None,
 ) -> None:
-    """Export a run's model for another inference engine (CTranslate2), with both vocabularies."""
+    """Export a run's model for another inference engine: CTranslate2 (with both vocabularies), or an
+    Argos Translate package (.argosmodel, for Argos Translate and LibreTranslate)."""
     from nmt.decode.ct2 import ExportOptions, export_run
 
     out = export_run(ExportOptions(_run_dir(run), checkpoint, output, quantization, format_))

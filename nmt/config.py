@@ -34,8 +34,9 @@ PASSTHROUGH_KINDS = ("latin", "number", "url", "email", "marked")
 class DataConfig:
     corpus: str = "tatoeba"  # a recipe name (see nmt.data.corpus.RECIPES)
     mirror: str | None = None  # local directory in the HF translation schema
-    src_lang: str = "zh"
-    tgt_lang: str = "en"
+    # which way a run translates; everything follows it (vocab and model sides, training,
+    # decoding, BLEU's tokenizer); T→S and NFKC apply to the Chinese side wherever it is
+    direction: Literal["zh-en", "en-zh"] = "zh-en"
     max_train_pairs: int | None = None  # subsample larger corpora (seeded)
     max_chars: int = 300  # drop pairs with a side longer than this (characters)
     max_ratio: float = 9.0  # drop pairs whose length ratio (chars, en/zh either way) exceeds this
@@ -48,14 +49,24 @@ class DataConfig:
     passthrough: list[str] = field(default_factory=lambda: list(PASSTHROUGH_KINDS))
     protected_terms: list[str] = field(default_factory=list)  # always passed through (case-sensitive)
 
+    @property
+    def src_lang(self) -> str:
+        return self.direction.split("-")[0]
+
+    @property
+    def tgt_lang(self) -> str:
+        return self.direction.split("-")[1]
+
 
 @dataclass
 class VocabConfig:
     type: Literal["unigram", "bpe"] = "unigram"
     src_size: int = 8000
     tgt_size: int = 8000
-    src_coverage: float = 0.9995
-    tgt_coverage: float = 1.0
+    # SentencePiece character coverage of each side; null = by language: 0.9995 for Chinese (rare
+    # characters go to byte pieces), 1.0 otherwise
+    src_coverage: float | None = None
+    tgt_coverage: float | None = None
     byte_fallback: bool = True  # on the zh side; guarantees no <unk>
     max_sentences: int = 2_000_000  # SentencePiece input_sentence_size
     workers: int = 2  # processes used to encode the splits
@@ -200,12 +211,44 @@ def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
     kwargs: dict[str, Any] = {"name": str(raw.get("name", "default"))}
     for section in SECTIONS:
         value = raw.get(section) or {}
+        if section == "data" and isinstance(value, dict):
+            value = _direction_from_languages(value, source)
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: {section}: expected a mapping, got {type(value).__name__}")
         kwargs[section] = _build_section(_SECTION_CLASSES[section], value, section, source)
     config = Config(**kwargs)
     validate(config, source)
     return config
+
+
+def stamp_sections(config: Config) -> dict[str, dict]:
+    """The config's sections as the stage stamps hash them (`nmt.runs.hash_files`): settings
+    spelled as before `data.direction`, `train.init_from` and by-language coverage existed, so a
+    run made before them stays fresh and is not redone."""
+    sections = config_to_dict(config)
+    data = {k: v for k, v in sections["data"].items() if k != "direction"}
+    data |= {"src_lang": config.data.src_lang, "tgt_lang": config.data.tgt_lang}
+    vocab = dict(sections["vocab"])
+    for side, lang in (("src", config.data.src_lang), ("tgt", config.data.tgt_lang)):
+        if vocab[f"{side}_coverage"] is None:
+            vocab[f"{side}_coverage"] = 0.9995 if lang == "zh" else 1.0
+    train = {k: v for k, v in sections["train"].items() if k != "init_from" or v}
+    return {**sections, "data": data, "vocab": vocab, "train": train}
+
+
+def _direction_from_languages(data: dict, source: str) -> dict:
+    """Configs written before `data.direction` named `src_lang`/`tgt_lang` (saved runs and
+    checkpoints): read as the direction they describe."""
+    if "src_lang" not in data and "tgt_lang" not in data:
+        return data
+    data = dict(data)
+    direction = f"{data.pop('src_lang', 'zh')}-{data.pop('tgt_lang', 'en')}"
+    if "direction" in data and data["direction"] != direction:
+        raise ConfigError(f"{source}: data.direction {data['direction']!r} contradicts src_lang/tgt_lang ({direction})")
+    if direction not in ("zh-en", "en-zh"):
+        raise ConfigError(f"{source}: data.src_lang/tgt_lang {direction!r}: use data.direction: zh-en | en-zh")
+    data["direction"] = direction
+    return data
 
 
 _SECTION_CLASSES = {
@@ -332,8 +375,8 @@ def _check_model(m: ModelConfig, need: Need) -> None:
 def _check_vocab(v: VocabConfig, need: Need) -> None:
     need(v.src_size >= 16, "vocab.src_size", "must be at least 16")
     need(v.tgt_size >= 16, "vocab.tgt_size", "must be at least 16")
-    need(0.9 <= v.src_coverage <= 1.0, "vocab.src_coverage", "must be in [0.9, 1]")
-    need(0.9 <= v.tgt_coverage <= 1.0, "vocab.tgt_coverage", "must be in [0.9, 1]")
+    need(v.src_coverage is None or 0.9 <= v.src_coverage <= 1.0, "vocab.src_coverage", "must be in [0.9, 1]")
+    need(v.tgt_coverage is None or 0.9 <= v.tgt_coverage <= 1.0, "vocab.tgt_coverage", "must be in [0.9, 1]")
     need(v.workers >= 1, "vocab.workers", "must be at least 1")
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from nmt.config import Config, config_to_dict
+from nmt.config import Config, config_to_dict, stamp_sections
 from nmt.errors import NmtError
 from nmt.files import atomic_write_text
 from nmt.runs import hash_files, is_fresh, stamp_path, write_stamp
@@ -76,7 +76,7 @@ def _ran(run_dir: Path, stage: str, fn) -> str:
 
 def _train_digest(config: Config, run_dir: Path) -> str:
     bins = sorted((run_dir / "bin").glob("train.*.npy"))
-    sections = config_to_dict(config)
+    sections = stamp_sections(config)
     return hash_files(bins, {"model": sections["model"], "train": sections["train"]})
 
 

@@ -169,3 +169,37 @@ def test_float_in_exponent_form_without_a_dot(tmp_path):
     assert c.train.lr == pytest.approx(0.005)
     with pytest.raises(ConfigError, match="train.lr"):
         load_config(write(tmp_path, "train:\n  lr: fast\n", name="bad.yaml"))
+
+
+def test_direction_sets_both_sides_and_old_language_keys_still_load(tmp_path):
+    from nmt.config import ConfigError, config_to_dict, load_config
+
+    root = Path(__file__).resolve().parents[1]
+    zh_en = load_config(root / "configs" / "tiny.yaml")
+    assert (zh_en.data.direction, zh_en.data.src_lang, zh_en.data.tgt_lang) == ("zh-en", "zh", "en")
+    en_zh = load_config(root / "configs" / "tiny.yaml", ["data.direction=en-zh"])
+    assert (en_zh.data.src_lang, en_zh.data.tgt_lang) == ("en", "zh")
+    assert config_to_dict(en_zh)["data"]["direction"] == "en-zh" and "src_lang" not in config_to_dict(en_zh)["data"]
+    old = tmp_path / "old.yaml"  # a run saved before data.direction existed
+    old.write_text("data:\n  src_lang: en\n  tgt_lang: zh\n", encoding="utf-8")
+    assert load_config(old).data.direction == "en-zh"
+    with pytest.raises(ConfigError, match="data.direction 'zh-en' contradicts src_lang/tgt_lang"):
+        load_config(old, ["data.direction=zh-en"])
+    with pytest.raises(ConfigError, match="data.direction"):
+        load_config(root / "configs" / "tiny.yaml", ["data.direction=fr-en"])
+    bad = tmp_path / "fr.yaml"
+    bad.write_text("data:\n  src_lang: fr\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="use data.direction: zh-en | en-zh"):
+        load_config(bad)
+
+
+def test_stamps_of_a_run_made_before_direction_stay_the_same():
+    """A zh-en run's stage digests hash the settings as they were spelled before `data.direction`,
+    `train.init_from` and by-language coverage: old runs are not redone."""
+    from nmt.config import load_config, stamp_sections
+
+    root = Path(__file__).resolve().parents[1]
+    sections = stamp_sections(load_config(root / "configs" / "small.yaml"))
+    assert sections["data"]["src_lang"] == "zh" and "direction" not in sections["data"]
+    assert (sections["vocab"]["src_coverage"], sections["vocab"]["tgt_coverage"]) == (0.9995, 1.0)
+    assert "init_from" not in sections["train"]

@@ -36,7 +36,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from nmt.config import Config, DataConfig
+from nmt.config import Config, DataConfig, stamp_sections
 from nmt.data.normalize import normalize_source, normalize_target, strip_text
 from nmt.data.readers import (
     Source,
@@ -240,7 +240,7 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
     files = [p for s in sources.values() for p in s.paths]
     if _codes_source(sources, recipe) and sources["test"].kind != "hub":
         files.append(sources["test"].paths[0].parent / "test.codes.txt")
-    settings = {k: v for k, v in dataclasses.asdict(data).items() if k != "mirror"}
+    settings = {k: v for k, v in stamp_sections(config)["data"].items() if k != "mirror"}
     digest = hash_files(
         files,
         extra={"data": settings, "recipe": dataclasses.asdict(recipe), "kinds": [s.kind for s in sources.values()]},

@@ -10,7 +10,9 @@ right, the first rule that matches at a position wins:
             following Chinese "，。" ends it), minus trailing ASCII punctuation .,;:!?)]}'"
     email   name@domain.tld
     latin   a token of Latin letters (ASCII and Latin-1/Extended) and digits holding at least
-            one letter: "AI", "iPhone15", "5G", "COVID-19", "Müller"
+            one letter: "AI", "iPhone15", "5G", "COVID-19", "Müller". Where the source is in
+            Latin script (en→zh) only the tokens a translation copies: with a digit or a
+            capital after the first letter ("AI", "iPhone", "5G"); "Tom" or "table" translate.
     number  a token of digits: "2024" (of "2024年"), "1,000", "3.5%", "3,5", "2024/11/30"
 
 A token is letters/digits joined by `-`, `&`, `+`, `/`, and `.` or `,` between two digits;
@@ -64,6 +66,9 @@ _RULES = {
 }
 _URL_TAIL = ".,;:!?)]}'\""
 _HAS_LETTER = re.compile(f"[{_L}]")
+# in a Latin-script source (en→zh) the Latin tokens a translation copies: with a digit ("5G",
+# "COVID-19") or a capital after the first letter ("AI", "iPhone"); "Tom", "hello" are translated
+_COPIED = re.compile(r"\d|.[A-Z]")
 
 
 @dataclass(frozen=True)
@@ -77,8 +82,10 @@ class Span:
 class Detector:
     """The span rules for a set of kinds and protected terms, compiled once."""
 
-    def __init__(self, kinds: Iterable[str], terms: Iterable[str] = ()) -> None:
-        self.kinds = frozenset(kinds)
+    def __init__(self, kinds: Iterable[str], terms: Iterable[str] = (), latin_source: bool = False) -> None:
+        """`latin_source`: the source is written in Latin script (en→zh), where every word is a
+        Latin token: only those a translation copies are spans there (`_COPIED`)."""
+        self.kinds, self.latin_source = frozenset(kinds), latin_source
         parts = []
         if "marked" in self.kinds:
             parts.append(r"(?P<marked>`[^`\n]+`)")
@@ -91,7 +98,7 @@ class Detector:
 
     @classmethod
     def from_data(cls, data: DataConfig) -> Detector:
-        return cls(data.passthrough, data.protected_terms if data.passthrough else ())
+        return cls(data.passthrough, data.protected_terms if data.passthrough else (), data.src_lang != "zh")
 
     def find(self, text: str) -> list[Span]:
         """Non-overlapping spans of `text`, left to right."""
@@ -117,6 +124,8 @@ class Detector:
         if rule == "email":
             return Span(start, end, m.group(), "email")
         kind = "latin" if _HAS_LETTER.search(m.group()) else "number"
+        if kind == "latin" and self.latin_source and not _COPIED.search(m.group()):
+            return None  # an ordinary word of a Latin-script source: translated, not copied
         return Span(start, end, m.group(), kind) if kind in self.kinds else None
 
 

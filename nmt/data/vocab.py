@@ -23,7 +23,6 @@ than the corpus supports is trained with `hard_vocab_limit=False` (a smaller mod
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import json
 import os
@@ -39,7 +38,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from nmt import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from nmt.config import Config, VocabConfig
+from nmt.config import Config, VocabConfig, stamp_sections
 from nmt.data.encoded import binarize
 from nmt.data.normalize import normalize_source, normalize_target
 from nmt.data.passthrough import PLACEHOLDERS, masked_corpus
@@ -170,7 +169,9 @@ def train_model(config: Config, text: Path, model: Path, side: str) -> dict:
     """Train one SentencePiece model (side "src" or "tgt") from `text` into `model` (+ .vocab), atomically."""
     v, key = config.vocab, f"{side}_size"
     size, coverage = (v.src_size, v.src_coverage) if side == "src" else (v.tgt_size, v.tgt_coverage)
-    byte_fallback = v.byte_fallback and side == "src"
+    chinese = (config.data.src_lang if side == "src" else config.data.tgt_lang) == "zh"
+    coverage = coverage if coverage is not None else (0.9995 if chinese else 1.0)  # by language
+    byte_fallback = v.byte_fallback and chinese  # rare characters as bytes: never <unk> on the zh side
     symbols = list(PLACEHOLDERS) if config.data.passthrough else []  # pass-through placeholders, never split
     allowed = _fit_chars(text, size, coverage, byte_fallback, key, v.max_sentences, len(symbols))
     model.parent.mkdir(parents=True, exist_ok=True)
@@ -323,9 +324,10 @@ def build_vocab(config: Config, run_dir: Path) -> dict:
     for p in corpus:
         if not p.is_file():
             raise NmtError(f"{p}: not found; run `nmt download` first")
-    settings = {k: v for k, v in dataclasses.asdict(data).items() if k != "mirror"}
+    stamped = stamp_sections(config)
+    settings = {k: v for k, v in stamped["data"].items() if k != "mirror"}
     reused = _source_models(config) if config.train.init_from else []
-    digest = hash_files(corpus + reused, extra={"vocab": dataclasses.asdict(config.vocab), "data": settings})
+    digest = hash_files(corpus + reused, extra={"vocab": stamped["vocab"], "data": settings})
     if is_fresh(run_dir, "vocab", digest) and all(p.is_file() for p in _outputs(run_dir, langs)):
         Console(stderr=True).print(f"vocab: {run_dir / 'vocab'} is up to date (skipped)")
         return json.loads(stamp_path(run_dir, "vocab").read_text(encoding="utf-8"))["report"]

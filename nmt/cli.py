@@ -22,7 +22,8 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    help="Chinese↔English neural machine translation (data.direction zh-en | en-zh): download → vocab → train → translate/eval.",
+    help="Chinese↔English neural machine translation (data.direction zh-en | en-zh): "
+    "download → vocab → train → translate/eval.",
 )
 
 ConfigOpt = Annotated[
@@ -193,7 +194,8 @@ def translate(
     temperature: TemperatureOpt = None,
     seed: SeedOpt = 0,
 ) -> None:
-    """Translate text in the run's source language (data.direction) with a trained run (default: the newest run with a model).
+    """Translate text in the run's source language (data.direction) with a trained run (default:
+    the newest run under runs/ with a model).
 
     With --nbest K > 1 each input gives K lines `score<TAB>text`, best first."""
     from nmt.decode.translator import InferenceOptions, translate_to

@@ -85,7 +85,6 @@ class Batcher:
         self._outstanding = 0  # sentences accepted and not yet answered
         self._peaks: collections.deque[tuple[float, int]] = collections.deque()  # (time, outstanding) rises
 
-
     @property
     def outstanding(self) -> int:
         """Sentences accepted and not yet answered (in `/info`: what a client or test can wait on)."""

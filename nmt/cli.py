@@ -429,6 +429,44 @@ def serve(
 
 @app.command()
 @user_errors
+def backtranslate(
+    run: RunOpt = None,
+    mono: Annotated[
+        Path, typer.Option("--mono", help="Monolingual text: a file, or a directory with train.<lang>.")
+    ] = ...,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Mirror directory to write (train.jsonl).")] = ...,
+    checkpoint: CheckpointsOpt = None,
+    beam: BeamOpt = None,
+    device: DeviceOpt = "auto",
+    precision: PrecisionOpt = "auto",
+    engine: EngineOpt = "native",
+    sample_topk: TopkOpt = None,
+    sample_topp: ToppOpt = None,
+    temperature: TemperatureOpt = None,
+    seed: SeedOpt = 0,
+    chunk: Annotated[int, typer.Option("--chunk", min=1, help="Sentences between two progress records.")] = 500,
+) -> None:
+    """Translate monolingual text with a reverse run into synthetic pairs (resumable)."""
+    from nmt.decode.backtranslate import BacktranslateOptions
+    from nmt.decode.backtranslate import backtranslate as run_backtranslation
+    from nmt.decode.translator import InferenceOptions
+
+    inference = InferenceOptions(
+        run_dir=run,
+        checkpoint=checkpoint[0] if checkpoint else None,
+        ensemble=tuple(checkpoint[1:]) if checkpoint else (),
+        device=device,
+        precision=precision,
+        engine=engine,
+        beam=beam,
+        sampling=_sampling(sample_topk, sample_topp, temperature, seed),
+    )
+    stats = run_backtranslation(BacktranslateOptions(inference=inference, mono=mono, output=output, chunk=chunk))
+    typer.echo(f"{stats['pairs']} synthetic pairs in {output / 'train.jsonl'} ({stats['seconds']} s)", err=True)
+
+
+@app.command()
+@user_errors
 def doctor() -> None:
     """What this machine runs: the CPU, each hardware-dependent kernel (or why not), and the
     decoding precisions it offers with their measured speed on a small FFN."""

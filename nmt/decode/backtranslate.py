@@ -1,0 +1,146 @@
+"""`nmt backtranslate`: monolingual text of the target language → synthetic parallel pairs.
+
+A *reverse* model (e.g. an en-zh run, for a zh-en system) translates cleaned monolingual
+sentences (`nmt.data.mono`) of its source language; each sentence and its translation become
+one pair of a mirror directory in the Hugging Face translation schema:
+
+    <output>/train.jsonl   {"translation": {"en": <the sentence, verbatim>, "zh": <its translation>}}
+    <output>/stats.json    read / kept / dropped per cleaning rule, engine, precision, speed
+
+Any engine, precision and search (beam, greedy, sampling) of `nmt translate` can be used.
+Resumable: sentences are translated in chunks; after each chunk the pairs are appended to
+`train.jsonl.partial` and flushed, then `progress.json` records how many lines and bytes are
+complete (atomically). An interrupted run, started again with the same command, cuts the
+partial file back to the last complete chunk and goes on from there, so no line is duplicated
+or lost; the finished file appears under its final name only at the end. The inputs (text,
+checkpoint, settings) are fingerprinted: a different command aimed at the same output is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from nmt.data.mono import mono_file, read_mono
+from nmt.decode.translator import InferenceOptions, Translator
+from nmt.errors import NmtError
+from nmt.files import atomic_write_json
+
+PARTIAL, PROGRESS, OUTPUT, STATS = "train.jsonl.partial", "progress.json", "train.jsonl", "stats.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BacktranslateOptions:
+    """The reverse model and how it decodes (`inference`), the monolingual text, the output folder."""
+
+    inference: InferenceOptions
+    mono: Path
+    output: Path
+    chunk: int = 500  # sentences translated between two progress records
+
+
+def backtranslate(opts: BacktranslateOptions, on_chunk: Callable[[int, int], None] | None = None) -> dict:
+    """Translate the cleaned text of `opts.mono` into `opts.output` (see the module docstring);
+    returns the stats. `on_chunk(done, total)` is called after each chunk is recorded."""
+    if opts.chunk < 1:
+        raise NmtError(f"--chunk {opts.chunk}: must be >= 1")
+    translator = Translator.from_options(opts.inference)
+    data, run_dir = translator.config.data, _run_dir(translator)
+    real, synthetic = data.src_lang, data.tgt_lang
+    path = mono_file(opts.mono, real)
+    text = read_mono(path, data, held_out=_references(run_dir, real))
+    print(f"monolingual: {path}: {_describe(text.report())}", file=sys.stderr)
+    out = Path(opts.output)
+    fingerprint = _fingerprint(path, translator, opts.inference)
+    if (out / OUTPUT).is_file() and _stored(out / STATS).get("fingerprint") == fingerprint:
+        print(f"{out / OUTPUT}: already complete (skipped)", file=sys.stderr)
+        return _stored(out / STATS)
+    done, start = _resume(out, fingerprint), time.perf_counter()
+    with open(out / PARTIAL, "ab") as f:
+        for first in range(done, len(text.lines), opts.chunk):
+            lines = text.lines[first : first + opts.chunk]
+            hyps = translator.translate(lines, beam=opts.inference.beam)
+            f.write(b"".join(_record(real, line, synthetic, hyp) for line, hyp in zip(lines, hyps, strict=True)))
+            f.flush()
+            os.fsync(f.fileno())
+            done = first + len(lines)
+            atomic_write_json(out / PROGRESS, {"fingerprint": fingerprint, "lines": done, "bytes": f.tell()})
+            if on_chunk is not None:
+                on_chunk(done, len(text.lines))
+    seconds = time.perf_counter() - start
+    stats = {**text.report(), "fingerprint": fingerprint, "source": str(path), "pairs": len(text.lines)}
+    stats |= {"engine": translator.engine.name, "precision": translator.precision, "seconds": round(seconds, 2)}
+    stats["decode"] = asdict(opts.inference) | {"run_dir": str(run_dir)}
+    os.replace(out / PARTIAL, out / OUTPUT)
+    atomic_write_json(out / STATS, json.loads(json.dumps(stats, default=str)))
+    (out / PROGRESS).unlink(missing_ok=True)
+    return stats
+
+
+def _record(real_lang: str, real: str, synthetic_lang: str, synthetic: str) -> bytes:
+    pair = {"translation": {real_lang: real, synthetic_lang: synthetic}}
+    return (json.dumps(pair, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _resume(out: Path, fingerprint: str) -> int:
+    """Lines already complete in `out`'s partial file (cut back to the last recorded chunk); 0 for
+    a fresh start. NmtError when `out` holds the work of another command."""
+    out.mkdir(parents=True, exist_ok=True)
+    progress = _stored(out / PROGRESS)
+    partial = out / PARTIAL
+    if not progress or not partial.is_file():
+        partial.write_bytes(b"")
+        return 0
+    if progress.get("fingerprint") != fingerprint:
+        raise NmtError(
+            f"{out}: holds an unfinished back-translation of other text, model or settings; "
+            "use another --output or delete it"
+        )
+    with open(partial, "r+b") as f:
+        f.truncate(int(progress["bytes"]))  # a chunk written after the last record is done again
+    print(f"resuming {partial} after {progress['lines']} lines", file=sys.stderr)
+    return int(progress["lines"])
+
+
+def _stored(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _fingerprint(path: Path, translator: Translator, inference: InferenceOptions) -> str:
+    h = hashlib.sha256()
+    for file in (Path(path), Path(translator.checkpoint)):
+        file = file / "manifest.json" if file.is_dir() else file  # an `nmt export` directory
+        with open(file, "rb") as f:
+            for block in iter(lambda f=f: f.read(1 << 20), b""):
+                h.update(block)
+    h.update(json.dumps(asdict(inference), default=str, sort_keys=True).encode())
+    return h.hexdigest()[:32]
+
+
+def _run_dir(translator: Translator) -> Path:
+    checkpoint = Path(translator.checkpoint)
+    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+
+
+def _references(run_dir: Path, lang: str) -> list[str]:
+    """The run's validation and test references in `lang` (what the overlap guard keeps out)."""
+    lines: list[str] = []
+    for split in ("valid", "test"):
+        path = run_dir / "corpus" / f"{split}.{lang}"
+        if path.is_file():
+            lines += path.read_text(encoding="utf-8").splitlines()
+    return lines
+
+
+def _describe(report: dict) -> str:
+    dropped = ", ".join(f"{rule} {n}" for rule, n in report["dropped"].items() if n)
+    return f"{report['read']} read, {report['kept']} kept" + (f" (dropped: {dropped})" if dropped else "")

@@ -324,7 +324,8 @@ class Translator:
     ) -> list[list[tuple]]:
         """Decode one batch of source sequences; returns (tokens, score) lists, best first."""
         start = time.perf_counter()
-        found = self.engine.search(seqs, beam, nbest, len_penalty, greedy, on_done, sampling=self.sampling)
+        extra = {"sampling": self.sampling} if self.sampling is not None else {}  # engines without sampling work
+        found = self.engine.search(seqs, beam, nbest, len_penalty, greedy, on_done, **extra)
         with self._stats_lock:  # `nmt serve` decodes on several threads
             self.stats.seconds += time.perf_counter() - start
             self.stats.sentences += len(seqs)

@@ -31,6 +31,19 @@ PASSTHROUGH_KINDS = ("latin", "number", "url", "email", "marked")
 
 
 @dataclass
+class BacktranslationConfig:
+    """Synthetic pairs added to training (`nmt backtranslate` output), validation and test untouched."""
+
+    corpus: str = ""  # a mirror directory with train.jsonl (real target side, synthetic source side)
+    tag: bool = True  # mark synthetic sources with BT_TAG, a reserved piece of the source vocabulary
+    real_upsample: int = 1  # real pairs written this many times (a real:synthetic ratio without dropping any)
+    max_pairs: int | None = None  # use at most this many synthetic pairs (the first ones)
+
+
+BT_TAG = "⦅BT⦆"  # starts every tagged synthetic source (Caswell et al., 2019, "Tagged Back-Translation")
+
+
+@dataclass
 class DataConfig:
     corpus: str = "tatoeba"  # a recipe name (see nmt.data.corpus.RECIPES)
     mirror: str | None = None  # local directory in the HF translation schema
@@ -48,6 +61,7 @@ class DataConfig:
     # Span kinds copied verbatim through placeholders (nmt/data/passthrough.py); [] turns pass-through off.
     passthrough: list[str] = field(default_factory=lambda: list(PASSTHROUGH_KINDS))
     protected_terms: list[str] = field(default_factory=list)  # always passed through (case-sensitive)
+    backtranslation: BacktranslationConfig | None = None  # {corpus: DIR, tag: true, ...}; null = real pairs only
 
     @property
     def src_lang(self) -> str:
@@ -233,6 +247,7 @@ def stamp_sections(config: Config) -> dict[str, dict]:
         if vocab[f"{side}_coverage"] is None:
             vocab[f"{side}_coverage"] = 0.9995 if lang == "zh" else 1.0
     train = {k: v for k, v in sections["train"].items() if k != "init_from" or v}
+    data = {k: v for k, v in data.items() if k != "backtranslation" or v is not None}
     return {**sections, "data": data, "vocab": vocab, "train": train}
 
 
@@ -284,6 +299,8 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
         for arg in args:
             if arg is type(None):
                 continue
+            if dataclasses.is_dataclass(arg) and isinstance(value, dict):
+                return _coerce(value, arg, key, source)  # its own errors name the nested key
             try:
                 return _coerce(value, arg, key, source)
             except ConfigError:
@@ -305,6 +322,10 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise _type_error(value, hint, key, source)
         return tuple(_coerce(v, a, key, source) for v, a in zip(value, args, strict=True))
+    if dataclasses.is_dataclass(hint):  # a nested mapping (data.backtranslation)
+        if not isinstance(value, dict):
+            raise _type_error(value, hint, key, source)
+        return _build_section(hint, value, key, source)
     if hint is bool:
         if not isinstance(value, bool):
             raise _type_error(value, hint, key, source)
@@ -348,6 +369,12 @@ def validate(c: Config, source: str = "<config>") -> None:
     def need(ok: bool, key: str, msg: str) -> None:
         if not ok:
             raise ConfigError(f"{source}: {key}: {msg}")
+
+    bt = c.data.backtranslation
+    if bt is not None:
+        need(bool(bt.corpus), "data.backtranslation.corpus", "is empty (the directory `nmt backtranslate` wrote)")
+        need(bt.real_upsample >= 1, "data.backtranslation.real_upsample", "must be >= 1")
+        need(bt.max_pairs is None or bt.max_pairs >= 1, "data.backtranslation.max_pairs", "must be >= 1 or null")
 
     _check_model(c.model, need)
     _check_vocab(c.vocab, need)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
 import random
 import warnings
@@ -36,7 +37,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from nmt.config import Config, DataConfig, stamp_sections
+from nmt.config import BT_TAG, Config, DataConfig, stamp_sections
 from nmt.data.normalize import normalize_source, normalize_target, strip_text
 from nmt.data.readers import (
     Source,
@@ -125,9 +126,10 @@ def _write_train(source: Source, recipe: Recipe, data: DataConfig, tmp: dict[str
         open(tmp[f"train.{data.src_lang}"], "w", encoding="utf-8") as fs,
         open(tmp[f"train.{data.tgt_lang}"], "w", encoding="utf-8") as ft,
     ):
+        copies = data.backtranslation.real_upsample if data.backtranslation else 1
         for s, t in pairs:
-            fs.write(s + "\n")
-            ft.write(t + "\n")
+            fs.write((s + "\n") * copies)  # upsampled real pairs: a real:synthetic ratio
+            ft.write((t + "\n") * copies)
             kept += 1
     bad.warn()
     dropped["bad_line"] = bad.count
@@ -137,6 +139,30 @@ def _write_train(source: Source, recipe: Recipe, data: DataConfig, tmp: dict[str
     if kept == 0:
         raise NmtError(f"{source.label}: no train pairs left after cleaning ({read} read, dropped {_nonzero(dropped)})")
     return {"source": source.label, "read": read, "kept": kept, "dropped": dropped}
+
+
+def _write_synthetic(recipe: Recipe, data: DataConfig, tmp: dict[str, Path], held: set[int]) -> dict:
+    """Append the back-translated pairs of `data.backtranslation.corpus` to train, cleaned like real
+    ones (the same rules, the overlap guard included), tagged with BT_TAG when `tag`."""
+    bt = data.backtranslation
+    path = Path(bt.corpus) / "train.jsonl"
+    if not path.is_file():
+        raise NmtError(f"data.backtranslation.corpus: {path} not found (write it with `nmt backtranslate`)")
+    bad, dropped = BadLines(str(path)), dict.fromkeys(TRAIN_RULES, 0)
+    pairs = _train_pairs(read_split(Source("jsonl", (path,), str(path)), recipe, data, bad), data, held, dropped)
+    kept, tag = 0, f"{BT_TAG} " if bt.tag else ""
+    with (
+        open(tmp[f"train.{data.src_lang}"], "a", encoding="utf-8") as fs,
+        open(tmp[f"train.{data.tgt_lang}"], "a", encoding="utf-8") as ft,
+    ):
+        for s, t in itertools.islice(pairs, bt.max_pairs):
+            fs.write(f"{tag}{s}\n")
+            ft.write(t + "\n")
+            kept += 1
+    bad.warn()
+    dropped["bad_line"] = bad.count
+    read = kept + sum(dropped.values())
+    return {"source": str(path), "read": read, "kept": kept, "dropped": dropped, "tag": bt.tag}
 
 
 def _write_eval(
@@ -205,6 +231,8 @@ def _write_corpus(sources: dict[str, Source], recipe: Recipe, data: DataConfig, 
         if codes:
             _write_codes(sources["test"], bad, stats["test"]["read"], tmp["test.codes"], labels)
         stats["train"] = _write_train(sources["train"], recipe, data, tmp, held if data.filter_overlap else set())
+        if data.backtranslation is not None:
+            stats["backtranslation"] = _write_synthetic(recipe, data, tmp, held if data.filter_overlap else set())
         tmp["stats.json"].write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     if not codes:
         with contextlib.suppress(FileNotFoundError):
@@ -238,6 +266,8 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
     sources = find_sources(recipe, data, mirror)
     out = run_dir / "corpus"
     files = [p for s in sources.values() for p in s.paths]
+    if data.backtranslation is not None and (Path(data.backtranslation.corpus) / "train.jsonl").is_file():
+        files.append(Path(data.backtranslation.corpus) / "train.jsonl")
     if _codes_source(sources, recipe) and sources["test"].kind != "hub":
         files.append(sources["test"].paths[0].parent / "test.codes.txt")
     settings = {k: v for k, v in stamp_sections(config)["data"].items() if k != "mirror"}

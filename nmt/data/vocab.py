@@ -38,7 +38,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from nmt import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from nmt.config import Config, VocabConfig, stamp_sections
+from nmt.config import BT_TAG, Config, VocabConfig, stamp_sections
 from nmt.data.encoded import binarize
 from nmt.data.normalize import normalize_source, normalize_target
 from nmt.data.passthrough import PLACEHOLDERS, masked_corpus
@@ -173,6 +173,9 @@ def train_model(config: Config, text: Path, model: Path, side: str) -> dict:
     coverage = coverage if coverage is not None else (0.9995 if chinese else 1.0)  # by language
     byte_fallback = v.byte_fallback and chinese  # rare characters as bytes: never <unk> on the zh side
     symbols = list(PLACEHOLDERS) if config.data.passthrough else []  # pass-through placeholders, never split
+    bt = config.data.backtranslation
+    if side == "src" and bt is not None and bt.tag:
+        symbols.append(BT_TAG)  # one piece of the source vocabulary, which the target never has
     allowed = _fit_chars(text, size, coverage, byte_fallback, key, v.max_sentences, len(symbols))
     model.parent.mkdir(parents=True, exist_ok=True)
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{model.stem}.", dir=model.parent))

@@ -120,3 +120,39 @@ def test_cli_backtranslate_with_sampling(reverse_run, mono, tmp_path):
         app, ["backtranslate", "--run", str(reverse_run), "--mono", str(tmp_path / "no"), "-o", str(out)]
     )
     assert missing.exit_code == 1 and "monolingual text not found" in missing.stderr
+
+
+def test_a_forward_run_trains_on_real_and_tagged_synthetic_pairs(reverse_run, mono, mini_mirror, tmp_path):
+    """data.backtranslation: synthetic pairs appended to train (tagged, cleaned, real pairs
+    upsampled), valid/test untouched, the tag one piece of the source vocabulary only, and never
+    in a translation."""
+    import sentencepiece as spm
+
+    from nmt.config import BT_TAG
+    from nmt.decode.translator import Translator
+    from nmt.pipeline import run_pipeline
+    from nmt.runs import init_run
+
+    folder, english, _ = mono
+    backtranslate(options(reverse_run, folder, tmp_path / "bt"))
+    bt = [f"data.backtranslation={{corpus: {tmp_path / 'bt'}, tag: true, real_upsample: 2}}"]
+    config = load_config(ROOT / "configs" / "tiny.yaml", [*TINY_LEARNS, *bt])
+    run = tmp_path / "forward"
+    init_run(config, run)
+    result = run_pipeline(config, run, mirror=str(mini_mirror))
+    stats = json.loads((run / "corpus" / "stats.json").read_text())
+    train_zh = (run / "corpus" / "train.zh").read_text(encoding="utf-8").splitlines()
+    tagged = [line for line in train_zh if line.startswith(BT_TAG + " ")]
+    assert len(tagged) == stats["backtranslation"]["kept"] > 0
+    assert len(train_zh) == 2 * stats["train"]["kept"] + len(tagged)
+    for split in ("valid", "test"):  # untouched: as many lines as a run without synthetic pairs
+        lines = (run / "corpus" / f"{split}.zh").read_text(encoding="utf-8")
+        assert BT_TAG not in lines and len(lines.splitlines()) == stats[split]["kept"]
+    src = spm.SentencePieceProcessor(model_file=str(run / "vocab" / "zh.model"))
+    tgt = spm.SentencePieceProcessor(model_file=str(run / "vocab" / "en.model"))
+    assert src.piece_to_id(BT_TAG) != src.unk_id() and BT_TAG in src.encode(f"{BT_TAG} 你好", out_type=str)
+    assert BT_TAG not in {tgt.id_to_piece(i) for i in range(tgt.get_piece_size())}
+    lines = (run / "corpus" / "test.zh").read_text(encoding="utf-8").splitlines()[:20]
+    out = Translator.from_run(run, device="cpu", precision="fp32").translate(lines, beam=2)
+    assert not any("BT" in o or "⦅" in o for o in out)
+    assert result["eval"]["bleu"] > 20  # real + synthetic still learns the task

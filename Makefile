@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 MIRROR  ?= ../shared/data
 CONFIG  ?= configs/small.yaml
 
-.PHONY: setup test test-fast lint format demo bench clean
+.PHONY: setup test test-fast lint format demo demo-bt bench clean
 
 $(BIN)/nmt: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -38,6 +38,15 @@ demo: setup
 	$(if $(wildcard $(MIRROR)),NMT_MIRROR=$(MIRROR) )$(BIN)/nmt pipeline --config $(CONFIG)
 	$(BIN)/nmt translate "我爱 AI" "你好，世界。" "我明天要去北京。" "我在2024年买了一部iPhone 15，花了3.5%的工资。" "详情请见https://example.org，谢谢。"
 	@echo "Try it in a browser: $(BIN)/nmt serve   (then open http://127.0.0.1:8080/; API docs at /docs)"
+
+# The back-translation recipe: reverse model (en→zh) → back-translate tatoeba-mono-en → forward model on
+# real + tagged synthetic pairs. Each step skips what is done, so an interrupted run goes on where it stopped.
+demo-bt: setup
+	@test -d $(MIRROR)/tatoeba-mono-en || { echo "demo-bt needs the mirror's tatoeba-mono-en (MIRROR=$(MIRROR))"; exit 1; }
+	NMT_MIRROR=$(MIRROR) $(BIN)/nmt pipeline --config configs/small-enzh.yaml
+	$(BIN)/nmt backtranslate --run runs/small-enzh --mono $(MIRROR)/tatoeba-mono-en --output runs/bt-tatoeba-mono
+	NMT_MIRROR=$(MIRROR) $(BIN)/nmt pipeline --config configs/small-bt.yaml
+	$(BIN)/nmt translate --run runs/small-bt "我爱 AI" "你好，世界。" "我明天要去北京。"
 
 bench: setup
 	$(BIN)/python scripts/bench_train.py

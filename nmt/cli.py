@@ -257,8 +257,13 @@ def eval_(
     set_: SetOpt = None,
     run: RunOpt = None,
     split: Annotated[str, typer.Option("--split", help="valid | test")] = "test",
-    src: Annotated[Path | None, typer.Option("--src", help="External source file (with --ref).")] = None,
-    ref: Annotated[Path | None, typer.Option("--ref", help="External reference file (with --src).")] = None,
+    src: Annotated[
+        list[Path] | None, typer.Option("--src", help="External source file (with --ref); repeat for more sets.")
+    ] = None,
+    ref: Annotated[list[Path] | None, typer.Option("--ref", help="External reference file, one per --src.")] = None,
+    name: Annotated[
+        list[str] | None, typer.Option("--name", help="Report name per --src set (default: ext-<folder>.<stem>).")
+    ] = None,
     checkpoint: CheckpointsOpt = None,
     beam: BeamOpt = None,
     greedy: Annotated[bool, typer.Option("--greedy", help="Also report greedy decoding.")] = False,
@@ -270,20 +275,24 @@ def eval_(
     temperature: TemperatureOpt = None,
     seed: SeedOpt = 0,
 ) -> None:
-    """Translate a split (or --src/--ref) and score it with sacreBLEU BLEU and chrF."""
-    from nmt.decode.evaluate import EvalJob, evaluate_run
+    """Translate a split (or one or more --src/--ref sets) and score it with sacreBLEU BLEU and chrF."""
+    from nmt.decode.evaluate import EvalJob, evaluate_sets
     from nmt.decode.translator import InferenceOptions
 
     if split not in ("valid", "test"):
         raise NmtError(f"--split {split!r}: expected valid or test")
-    if (src is None) != (ref is None):
-        raise NmtError("--src and --ref go together")
+    src, ref, name = src or [], ref or [], name or []
+    if len(src) != len(ref):
+        raise NmtError(f"--src and --ref go together: {len(src)} --src, {len(ref)} --ref")
+    if name and len(name) != len(src):
+        raise NmtError(f"--name: {len(name)} names for {len(src)} --src sets")
     cfg, run_dir = _setup(config, set_, run, create=False, need_model=True)
-    job = EvalJob(split=split, src=src, ref=ref, greedy=greedy)
-    evaluate_run(
+    names = name or [None] * len(src)
+    jobs = [EvalJob(src=s, ref=r, name=n, greedy=greedy) for s, r, n in zip(src, ref, names, strict=True)]
+    evaluate_sets(
         cfg,
         run_dir,
-        job,
+        jobs or [EvalJob(split=split, greedy=greedy)],
         InferenceOptions(
             run_dir=run_dir,
             checkpoint=checkpoint[0] if checkpoint else None,

@@ -160,3 +160,39 @@ def test_average_with_fewer_checkpoints_says_how_many(tiny_run, tmp_path):
         mean = sum(load_file(str(p))[name] for p in last_two) / 2
         torch.testing.assert_close(averaged[name], mean)  # the element-wise mean of the two newest
     assert "--last 50 asked for 50, but the run keeps only 2" in result.stdout  # tiny.yaml: keep_last 2
+
+
+def test_eval_several_external_sets_in_one_call(tiny_run, tmp_path):
+    sets = []
+    for folder, n in (("news", 4), ("chat", 6)):
+        (tmp_path / folder).mkdir()
+        for side in ("zh", "en"):
+            lines = (tiny_run / "corpus" / f"valid.{side}").read_text(encoding="utf-8").splitlines()[:n]
+            (tmp_path / folder / f"test.{side}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        sets += ["--src", str(tmp_path / folder / "test.zh"), "--ref", str(tmp_path / folder / "test.en")]
+    result = invoke("eval", "--run", str(tiny_run), "--beam", "1", *sets)
+    assert result.exit_code == 0, result.stderr
+    for folder, n in (("news", 4), ("chat", 6)):
+        report = json.loads((tiny_run / "eval" / f"ext-{folder}.test.beam1.json").read_text())
+        assert report["sentences"] == n and report["src"].endswith(f"{folder}/test.zh")
+    named = invoke("eval", "--run", str(tiny_run), "--beam", "1", *sets, "--name", "a", "--name", "b")
+    assert (
+        named.exit_code == 0 and (tiny_run / "eval" / "a.json").is_file() and (tiny_run / "eval" / "b.json").is_file()
+    )
+    clash = runner.invoke(app, ["eval", "--run", str(tiny_run), *sets, "--name", "x", "--name", "x"])
+    assert clash.exit_code == 1 and "two sets would write the same report" in clash.stderr
+    uneven = runner.invoke(app, ["eval", "--run", str(tiny_run), *sets[:6]])
+    assert uneven.exit_code == 1 and "--src and --ref go together: 2 --src, 1 --ref" in uneven.stderr
+
+
+def test_eval_with_an_ensemble_and_with_sampling(tiny_run):
+    final = str(tiny_run / "checkpoints" / "final.safetensors")
+    base = ["eval", "--run", str(tiny_run), "--split", "valid", "--beam", "3", "--precision", "fp32"]
+    assert invoke(*base, "--checkpoint", final).exit_code == 0
+    assert invoke(*base, "--checkpoint", final, "--checkpoint", final).exit_code == 0
+    alone = json.loads((tiny_run / "eval" / "valid.beam3.json").read_text())
+    twice = json.loads((tiny_run / "eval" / "valid.beam3.ensemble2.json").read_text())
+    assert twice["bleu"] == alone["bleu"] and twice["decode"]["ensemble"] == [final]
+    assert invoke(*base, "--sample-topk", "0", "--seed", "3").exit_code == 0
+    sampled = json.loads((tiny_run / "eval" / "valid.beam3.sample-k0-p1-t1-s3.json").read_text())
+    assert sampled["decode"]["sampling"]["seed"] == 3 and sampled["bleu"] != alone["bleu"]

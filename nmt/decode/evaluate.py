@@ -178,6 +178,39 @@ class EvalJob:
     ter: bool = False
 
 
+def evaluate_sets(config: Config, run_dir: Path, jobs: list[EvalJob], opts: InferenceOptions) -> list[dict[str, Any]]:
+    """`evaluate_run` for each job with one loaded model; a report per set, each under its own name
+    (NmtError when two jobs would write the same report)."""
+    if len(jobs) > 1:
+        names = [j.name or external_name(j.src) if j.src else j.name or j.split for j in jobs]
+        if len(set(names)) < len(names):
+            raise NmtError(f"--name: two sets would write the same report ({', '.join(names)}); name them with --name")
+    translator = load_translator(config, Path(run_dir), opts)
+    return [evaluate_run(config, run_dir, job, opts, translator=translator) for job in jobs]
+
+
+def load_translator(config: Config, run_dir: Path, opts: InferenceOptions) -> Translator:
+    """The `Translator` of `opts` for `run_dir`, with `config`'s normalisation and decode settings."""
+    return Translator.from_run(
+        run_dir,
+        opts.checkpoint,
+        device=opts.device,
+        precision=opts.precision,
+        config=config,
+        engine=opts.engine,
+        sampling=opts.sampling,
+        ensemble=opts.ensemble,
+    )
+
+
+def external_name(src: Path) -> str:
+    """The report name of an external set: its folder and file stem, so that sets of different
+    folders never share one (`../shared/data/wmt-news-zh-en/test.zh` → `ext-wmt-news-zh-en.test`)."""
+    src = Path(src)
+    folder = src.resolve().parent.name
+    return f"ext-{folder}.{src.name.split('.')[0]}" if folder else f"ext-{src.name.split('.')[0]}"
+
+
 def evaluate_run(
     config: Config,
     run_dir: Path,
@@ -197,12 +230,10 @@ def evaluate_run(
     run_dir = Path(run_dir)
     src_path, ref_path, src_lines, ref_lines, codes_path, code_list = _inputs(config, run_dir, split, src, ref, codes)
     if translator is None:
-        translator = Translator.from_run(
-            run_dir, opts.checkpoint, device=opts.device, precision=opts.precision, config=config, engine=opts.engine
-        )
+        translator = load_translator(config, run_dir, opts)
     beam = config.decode.beam if opts.beam is None else opts.beam
     if name is None:
-        base = split if src is None else f"ext-{src_path.name.split('.')[0]}"
+        base = split if src is None else external_name(src_path)
         name = base if beam == config.decode.beam else f"{base}.beam{beam}"
         name += "" if opts.engine == "native" else f".{opts.engine}"  # keep both engines' reports
         if opts.ensemble:

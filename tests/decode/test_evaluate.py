@@ -179,10 +179,26 @@ def test_external_src_ref_with_codes(tiny_run_dir, tmp_path):
     ref.write_text((run / "corpus" / "test.en").read_text(encoding="utf-8"), encoding="utf-8")
     (tmp_path / "ext.codes.txt").write_text((run / "corpus" / "test.codes").read_text(encoding="utf-8"))
     report = evaluate_run(config, run, EvalJob(src=src, ref=ref), translator=oracle, quiet=True)
-    # External files get an "ext-" prefix, so a file named test.zh cannot overwrite eval/test.json.
-    assert report["name"] == "ext-ext" and report["src"] == str(src)
+    # External files get an "ext-" prefix (a file named test.zh cannot overwrite eval/test.json) and
+    # their folder's name (two sets named test.zh in two folders do not overwrite each other).
+    name = f"ext-{tmp_path.name}.ext"
+    assert report["name"] == name and report["src"] == str(src)
     assert set(report["by_code"]) == {"cmn_Hans", "cmn_Hant"}
-    assert (run / "eval" / "ext-ext.json").is_file()
+    assert (run / "eval" / f"{name}.json").is_file()
+
+
+def test_two_external_sets_named_alike_get_two_reports(tiny_run_dir, tmp_path):
+    run = tiny_run_dir
+    config = load_config(run / "config.yaml")
+    names = []
+    for folder, n in (("news", 5), ("tatoeba", 7)):
+        (tmp_path / folder).mkdir()
+        src, ref = tmp_path / folder / "test.zh", tmp_path / folder / "test.en"
+        src.write_text("".join(read_lines(run / "corpus" / "test.zh")[i] + "\n" for i in range(n)), encoding="utf-8")
+        ref.write_text("".join(read_lines(run / "corpus" / "test.en")[i] + "\n" for i in range(n)), encoding="utf-8")
+        names.append(evaluate_run(config, run, EvalJob(src=src, ref=ref), translator=_oracle(run), quiet=True)["name"])
+    assert names == ["ext-news.test", "ext-tatoeba.test"]
+    assert [json.loads((run / "eval" / f"{n}.json").read_text())["sentences"] for n in names] == [5, 7]
 
 
 def test_misaligned_codes_are_ignored(tiny_run_dir, tmp_path, capsys):

@@ -16,6 +16,7 @@ heads and then over the layers unless `layer` picks one.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from torch import Tensor, nn
 
 from nmt import BOS_ID, PAD_ID
 from nmt.data.batching import pad_sources
+from nmt.data.passthrough import CLOSE, OPEN, Masked
 from nmt.errors import NmtError
 
 
@@ -135,8 +137,21 @@ def attention_map(translator: Any, source: str, target: str, layer: int | None =
     tgt_ids = translator.tgt_tok.encode(target)
     probs = cross_attention(translator.model, [src_ids], [tgt_ids])[:, 0].mean(dim=1)  # (L, T, S)
     grid = probs.mean(dim=0) if layer is None else probs[layer]  # (T, S)
+    masked = translator.masks[0] if getattr(translator, "masks", None) else None
     return AttentionMap(
-        source=[translator.src_tok.piece(i) for i in src_ids] + ["</s>"],
+        source=[_label(translator.src_tok.piece(i), masked) for i in src_ids] + ["</s>"],
         target=[translator.tgt_tok.piece(i) for i in tgt_ids] + ["</s>"],
         weights=[[round(float(v), 5) for v in row] for row in grid.cpu()],
     )
+
+
+_PLACEHOLDER = re.compile(f"{OPEN}(\\d+){CLOSE}")
+
+
+def _label(piece: str, masked: Masked | None) -> str:
+    """A source piece as a person reads it: a pass-through placeholder (`⦅0⦆`, which the page's
+    fonts cannot draw) shows the span it stands for ("iPhone"); other pieces as they are."""
+    m = _PLACEHOLDER.search(piece)
+    if masked is None or m is None or int(m.group(1)) >= len(masked.slots):
+        return piece
+    return piece[: m.start()] + masked.slots[int(m.group(1))] + piece[m.end() :]

@@ -99,6 +99,22 @@ def test_attention_map_of_a_trained_run(tiny_run):
     assert torch.allclose(torch.tensor(half.weights), torch.tensor(amap.weights), atol=0.05)
 
 
+def test_a_placeholder_column_is_labelled_with_the_span_it_stands_for(tiny_run):
+    """The page's fonts cannot draw ⦅0⦆: its column shows the pass-through span instead."""
+    from nmt.data.passthrough import PLACEHOLDERS
+    from nmt.decode.translator import InferenceOptions, Translator
+
+    translator = Translator.from_options(InferenceOptions(run_dir=tiny_run, precision="fp32"))
+    if translator.masker is None:
+        pytest.skip("the tiny run was trained without pass-through placeholders")
+    source = "他在2024年买了iPhone。"
+    amap = attention_map(translator, source, "He bought an iPhone in 2024.")
+    pieces = [translator.src_tok.piece(i) for i in translator.encode_sources([source])[0]]
+    assert any(p in piece for piece in pieces for p in PLACEHOLDERS)  # the model saw placeholders
+    assert not any(p in label for label in amap.source for p in PLACEHOLDERS)
+    assert any("2024" in label for label in amap.source) and any("iPhone" in label for label in amap.source)
+
+
 def test_maps_of_an_int8_model_match_the_float_model(model):
     """int8 swaps nn.Linear for `Int8Linear` (no float weight to read): maps go through the layers."""
     import copy

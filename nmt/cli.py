@@ -342,9 +342,10 @@ def export(
 ) -> None:
     """Export a run's model for another inference engine: CTranslate2 (with both vocabularies), or an
     Argos Translate package (.argosmodel, for Argos Translate and LibreTranslate)."""
-    from nmt.decode.ct2 import ExportOptions, export_run
+    from nmt.decode.ct2 import ExportOptions
+    from nmt.decode.export import export as write_export
 
-    out = export_run(ExportOptions(_run_dir(run), checkpoint, output, quantization, format_))
+    out = write_export(ExportOptions(_run_dir(run), checkpoint, output, quantization, format_))
     typer.echo(f"wrote {out}")
 
 

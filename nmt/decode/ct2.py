@@ -72,7 +72,7 @@ try:
 except ImportError:  # the optional extra is not installed
     ctranslate2 = None
 
-EXPORT_FORMATS = ("ctranslate2", "argos")  # argos: nmt/decode/argos.py
+EXPORT_FORMATS = ("ctranslate2", "argos")  # dispatched by nmt/decode/export.py
 MANIFEST = "manifest.json"
 EXPORT_REVISION = 1  # bump when the layout of an export changes (stale caches are rebuilt)
 INSTALL_HINT = "pip install 'nmt[ctranslate2]'"
@@ -228,14 +228,9 @@ def ensure_export(src: _Source, output: Path | None, quantization: str | None) -
 
 
 def export_run(opts: ExportOptions) -> Path:
-    """`nmt export`: write (or reuse) the export directory of a run's checkpoint; returns its path."""
-    if opts.format not in EXPORT_FORMATS:
-        raise NmtError(f"--format {opts.format!r}: expected one of {' | '.join(EXPORT_FORMATS)}")
+    """The CTranslate2 export directory of a run's checkpoint, written or reused; returns its path.
+    (`nmt export` goes through `nmt.decode.export`, which also knows the Argos package.)"""
     require_ctranslate2()
-    if opts.format == "argos":  # an Argos Translate package around this export
-        from nmt.decode.argos import export_argos
-
-        return export_argos(opts)
     return ensure_export(_resolve_source(opts.run_dir, opts.checkpoint), opts.output, opts.quantization)
 
 

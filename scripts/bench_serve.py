@@ -60,6 +60,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--workers", type=int, default=0, help="the server's --workers (0: its default)")
     p.add_argument("--rounds", type=int, default=3, help="offline, then every level; repeated, medians reported")
+    p.add_argument("--api", choices=sorted(APIS), default="ours", help="which request format the clients send")
     return p.parse_args()
 
 
@@ -156,6 +157,14 @@ def machine_busy_seconds() -> tuple[float, float]:
     return (sum(ticks) - idle) / hz, sum(ticks) / hz
 
 
+# How a client asks for one sentence and reads its translation, per API of `nmt serve`.
+APIS = {
+    "ours": (lambda text: {"text": text}, lambda body: body["translations"][0]["text"]),
+    "libretranslate": (lambda text: {"q": text, "source": "zh", "target": "en"}, lambda body: body["translatedText"]),
+}
+API = APIS["ours"]  # set from --api in main
+
+
 def load_level(port: int, sentences: list[str], expected: list[str], clients: int, max_seconds: float) -> Level:
     """`clients` concurrent clients on one asyncio event loop (a light load generator: the clients
     share the machine with the server), each on its own kept-open connection."""
@@ -173,8 +182,8 @@ async def _load_level(port: int, sentences: list[str], expected: list[str], clie
                 level.sent += 1
                 start = time.perf_counter()
                 try:
-                    status, body = await _post(reader, writer, {"text": sentences[i]})
-                    ok = status == 200 and body["translations"][0]["text"] == expected[i]
+                    status, body = await _post(reader, writer, API[0](sentences[i]))
+                    ok = status == 200 and API[1](body) == expected[i]
                 except (OSError, ValueError, KeyError, asyncio.IncompleteReadError):
                     ok = False
                 level.latencies.append(time.perf_counter() - start)
@@ -296,6 +305,8 @@ def _spread(shares: list[float]) -> str:
 
 def main() -> None:
     args = parse_args()
+    global API
+    API = APIS[args.api]
     lines = read_lines(args.input or args.run / "corpus" / "test.zh")
     lines = [s for s in lines if s.strip()]
     sentences = random.Random(args.seed).sample(lines, min(args.sentences, len(lines)))
@@ -310,7 +321,10 @@ def main() -> None:
         f"beam {beam}, {translator.engine.name} {translator.precision} on {translator.device}; server: {batching}"
     )
     print(f"# nmt serve load test, {time.strftime('%Y-%m-%d')}: {args.run} ({settings})")
-    print(f"CPU: {cpu_model()} ({os.cpu_count()} logical cores, load average {load:.1f} at the start)")
+    print(
+        f"CPU: {cpu_model()} ({os.cpu_count()} logical cores, load average {load:.1f} at the start); "
+        f"clients send the {args.api} API"
+    )
     print(f"{len(sentences)} sentences, one per request; {args.rounds} rounds; offline runs (sentences/s): "
           f"{', '.join(f'{o.rate:.1f}' for o in offline)} (outputs that changed between them: {changed})")  # fmt: skip
     print(f"command: python scripts/bench_serve.py {' '.join(sys.argv[1:])}\n")

@@ -204,8 +204,7 @@ def translate(
         raise NmtError("give sentences as arguments or --input FILE, not both")
     opts = InferenceOptions(
         run_dir=run,
-        checkpoint=checkpoint[0] if checkpoint else None,
-        ensemble=tuple(checkpoint[1:]) if checkpoint else (),
+        **_models(checkpoint),
         device=device,
         precision=precision,
         engine=engine,
@@ -224,6 +223,11 @@ def translate(
         typer.echo(f"wrote {n} heatmaps to {attention}", err=True)
         return
     translate_to(opts, texts=texts, input_path=input, output_path=output)
+
+
+def _models(checkpoints: list[Path] | None) -> dict[str, Any]:
+    """`--checkpoint` given once or more: the first is the model, the rest its ensemble partners."""
+    return {"checkpoint": checkpoints[0], "ensemble": tuple(checkpoints[1:])} if checkpoints else {}
 
 
 def _sampling(topk: int | None, topp: float | None, temperature: float | None, seed: int) -> Any:
@@ -295,8 +299,7 @@ def eval_(
         jobs or [EvalJob(split=split, greedy=greedy)],
         InferenceOptions(
             run_dir=run_dir,
-            checkpoint=checkpoint[0] if checkpoint else None,
-            ensemble=tuple(checkpoint[1:]) if checkpoint else (),
+            **_models(checkpoint),
             device=device,
             precision=precision,
             engine=engine,
@@ -426,8 +429,7 @@ def serve(
     limits = ServeLimits(max_sentences, max_chars, max_beam=max_beam, batch=batch)
     opts = InferenceOptions(
         run_dir=run,
-        checkpoint=checkpoint[0] if checkpoint else None,
-        ensemble=tuple(checkpoint[1:]) if checkpoint else (),
+        **_models(checkpoint),
         device=device,
         precision=precision,
         engine=engine,
@@ -463,8 +465,7 @@ def backtranslate(
 
     inference = InferenceOptions(
         run_dir=run,
-        checkpoint=checkpoint[0] if checkpoint else None,
-        ensemble=tuple(checkpoint[1:]) if checkpoint else (),
+        **_models(checkpoint),
         device=device,
         precision=precision,
         engine=engine,

@@ -64,6 +64,15 @@ def resolve_run(
     return load_config(saved, overrides), run_dir
 
 
+def checkpoint_run(checkpoint: Path, default: Path | None = None) -> Path:
+    """The run directory a checkpoint belongs to: the parent of its `checkpoints/` folder; for a
+    checkpoint kept elsewhere, `default` (else the checkpoint's own folder)."""
+    checkpoint = Path(checkpoint)
+    if checkpoint.parent.name == "checkpoints":
+        return checkpoint.parent.parent
+    return default if default is not None else checkpoint.parent
+
+
 def latest_run(root: Path = RUNS_ROOT) -> Path:
     """`runs/latest` resolved: the run a stage command (download, vocab, train, pipeline) last set up."""
     link = Path(root) / "latest"

@@ -46,7 +46,7 @@ from nmt.data.readers import count_lines
 from nmt.data.recipes import SPLITS
 from nmt.errors import NmtError
 from nmt.files import atomic_path
-from nmt.runs import clear_stamp, hash_files, is_fresh, stamp_path, write_stamp
+from nmt.runs import checkpoint_run, clear_stamp, hash_files, is_fresh, stamp_path, write_stamp
 
 _META_PIECES = 4  # pad, unk, bos, eos
 _BYTE_PIECES = 256
@@ -275,8 +275,7 @@ def _outputs(run_dir: Path, langs: tuple[str, str]) -> list[Path]:
 
 def init_source_run(config: Config) -> Path:
     """The run directory of `train.init_from` (the checkpoint's `checkpoints/` folder's parent)."""
-    path = Path(config.train.init_from)
-    return path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    return checkpoint_run(Path(config.train.init_from))
 
 
 def _source_models(config: Config) -> list[Path]:

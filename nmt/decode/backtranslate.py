@@ -31,6 +31,7 @@ from nmt.data.mono import mono_file, read_mono
 from nmt.decode.translator import InferenceOptions, Translator
 from nmt.errors import NmtError
 from nmt.files import atomic_write_json
+from nmt.runs import checkpoint_run
 
 PARTIAL, PROGRESS, OUTPUT, STATS = "train.jsonl.partial", "progress.json", "train.jsonl", "stats.json"
 
@@ -51,7 +52,7 @@ def backtranslate(opts: BacktranslateOptions, on_chunk: Callable[[int, int], Non
     if opts.chunk < 1:
         raise NmtError(f"--chunk {opts.chunk}: must be >= 1")
     translator = Translator.from_options(opts.inference)
-    data, run_dir = translator.config.data, _run_dir(translator)
+    data, run_dir = translator.config.data, checkpoint_run(translator.checkpoint)
     real, synthetic = data.src_lang, data.tgt_lang
     path = mono_file(opts.mono, real)
     text = read_mono(path, data, held_out=_references(run_dir, real))
@@ -124,11 +125,6 @@ def _fingerprint(path: Path, translator: Translator, inference: InferenceOptions
                 h.update(block)
     h.update(json.dumps(asdict(inference), default=str, sort_keys=True).encode())
     return h.hexdigest()[:32]
-
-
-def _run_dir(translator: Translator) -> Path:
-    checkpoint = Path(translator.checkpoint)
-    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
 
 
 def _references(run_dir: Path, lang: str) -> list[str]:

@@ -191,16 +191,7 @@ def evaluate_sets(config: Config, run_dir: Path, jobs: list[EvalJob], opts: Infe
 
 def load_translator(config: Config, run_dir: Path, opts: InferenceOptions) -> Translator:
     """The `Translator` of `opts` for `run_dir`, with `config`'s normalisation and decode settings."""
-    return Translator.from_run(
-        run_dir,
-        opts.checkpoint,
-        device=opts.device,
-        precision=opts.precision,
-        config=config,
-        engine=opts.engine,
-        sampling=opts.sampling,
-        ensemble=opts.ensemble,
-    )
+    return Translator.from_options(dataclasses.replace(opts, run_dir=run_dir), config)
 
 
 def external_name(src: Path) -> str:

@@ -352,6 +352,7 @@ def _ensemble(
     its checkpoint); all must share the first model's vocabularies (files of the runs they belong to)."""
     from nmt.checkpoint import load_weights
     from nmt.model.ensemble import Ensemble, check_vocabularies
+    from nmt.runs import checkpoint_run
 
     def vocab(run: Path) -> tuple[Path, Path]:
         return tuple(run / "vocab" / f"{lang}.model" for lang in (config.data.src_lang, config.data.tgt_lang))
@@ -359,7 +360,7 @@ def _ensemble(
     members, vocabs = [first], [vocab(run_dir)]
     for path in map(Path, paths):
         state, stored = load_weights(path)
-        vocabs.append(vocab(path.parent.parent if path.parent.name == "checkpoints" else run_dir))
+        vocabs.append(vocab(checkpoint_run(path, default=run_dir)))
         check_vocabularies(vocabs)
         sizes = (first.src_vocab, first.tgt_vocab)
         members.append(_load_model(_inference_config(run_dir, config, stored, dev), state, *sizes, path))

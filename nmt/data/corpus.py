@@ -131,14 +131,19 @@ def _write_train(source: Source, recipe: Recipe, data: DataConfig, tmp: dict[str
             fs.write((s + "\n") * copies)  # upsampled real pairs: a real:synthetic ratio
             ft.write((t + "\n") * copies)
             kept += 1
-    bad.warn()
-    dropped["bad_line"] = bad.count
-    read = kept + sum(dropped.values())
+    read = _tally(bad, dropped, kept)
     if read == bad.count:
         raise NmtError(f"{source.label}: no usable train pairs ({bad.count} bad lines)")
     if kept == 0:
         raise NmtError(f"{source.label}: no train pairs left after cleaning ({read} read, dropped {_nonzero(dropped)})")
     return {"source": source.label, "read": read, "kept": kept, "dropped": dropped}
+
+
+def _tally(bad: BadLines, dropped: dict[str, int], kept: int) -> int:
+    """Warn about the bad lines, count them under `bad_line`; the lines read (kept + dropped)."""
+    bad.warn()
+    dropped["bad_line"] = bad.count
+    return kept + sum(dropped.values())
 
 
 def _write_synthetic(recipe: Recipe, data: DataConfig, tmp: dict[str, Path], held: set[int]) -> dict:
@@ -159,9 +164,7 @@ def _write_synthetic(recipe: Recipe, data: DataConfig, tmp: dict[str, Path], hel
             fs.write(f"{tag}{s}\n")
             ft.write(t + "\n")
             kept += 1
-    bad.warn()
-    dropped["bad_line"] = bad.count
-    read = kept + sum(dropped.values())
+    read = _tally(bad, dropped, kept)
     return {"source": str(path), "read": read, "kept": kept, "dropped": dropped, "tag": bt.tag}
 
 

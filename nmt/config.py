@@ -193,7 +193,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
 
 
 def apply_override(raw: dict, item: str, source: str = "--set") -> None:
-    """Apply one `section.key=value` override to a raw config dict (value parsed as YAML)."""
+    """Apply one `section.key=value` (or `section.sub.key=value`) override to a raw config dict;
+    the value is parsed as YAML. Unknown keys are left for `config_from_dict` to name."""
     if "=" not in item:
         raise ConfigError(f"{source} {item!r}: expected section.key=value")
     dotted, value = item.split("=", 1)
@@ -201,19 +202,21 @@ def apply_override(raw: dict, item: str, source: str = "--set") -> None:
     if len(parts) == 1 and parts[0] == "name":
         raw["name"] = value
         return
-    if len(parts) != 2:
+    if len(parts) < 2 or not all(parts):
         raise ConfigError(f"{source} {item!r}: expected section.key=value")
-    section, key = parts
-    if section not in SECTIONS:
-        raise ConfigError(f"{source} {dotted}: unknown section {section!r}{suggest(section, SECTIONS)}")
-    sub = raw.setdefault(section, {}) or {}
-    if not isinstance(sub, dict):
-        raise ConfigError(f"{source} {dotted}: section {section!r} in the file is not a mapping")
-    raw[section] = sub
+    if parts[0] not in SECTIONS:
+        raise ConfigError(f"{source} {dotted}: unknown section {parts[0]!r}{suggest(parts[0], SECTIONS)}")
+    node = raw
+    for depth, name in enumerate(parts[:-1]):
+        sub = node.get(name) or {}
+        if not isinstance(sub, dict):
+            where = ".".join(parts[: depth + 1])
+            raise ConfigError(f"{source} {dotted}: {where!r} in the file is not a mapping")
+        node[name] = node = sub
     try:
-        sub[key] = yaml.safe_load(value) if value != "" else ""
+        node[parts[-1]] = yaml.safe_load(value) if value != "" else ""
     except yaml.YAMLError:
-        sub[key] = value
+        node[parts[-1]] = value
 
 
 def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:

@@ -139,8 +139,20 @@ def test_max_len_must_leave_room_for_bos_eos(tmp_path):
 
 
 def test_override_into_scalar_section(tmp_path):
-    with pytest.raises(ConfigError, match="section 'model' in the file is not a mapping"):
+    with pytest.raises(ConfigError, match="'model' in the file is not a mapping"):
         load_config(write(tmp_path, "model: 5\n"), ["model.d_model=64"])
+
+
+def test_override_nested_key(tmp_path):
+    p = write(tmp_path, "data:\n  backtranslation:\n    corpus: a\n    tag: true\n")
+    c = load_config(p, ["data.backtranslation.corpus=b", "data.backtranslation.tag=false"])
+    assert str(c.data.backtranslation.corpus) == "b" and c.data.backtranslation.tag is False
+    fresh = load_config(write(tmp_path, "{}\n"), ["data.backtranslation.corpus=c"])
+    assert str(fresh.data.backtranslation.corpus) == "c"
+    with pytest.raises(ConfigError, match="backtranslation.*did you mean 'corpus'"):
+        load_config(p, ["data.backtranslation.corpsu=c"])
+    with pytest.raises(ConfigError, match="expected section.key=value"):
+        load_config(p, ["data..corpus=c"])
 
 
 def test_max_time_means_the_same_in_readme_config_and_scripts():

@@ -44,8 +44,19 @@ def nmt(core: int | None, *args: str, log: Path) -> None:
 
 def plain_arm(a: argparse.Namespace, core: int | None) -> dict:
     run = a.out / "plain"
-    nmt(core, "pipeline", "-c", "configs/small.yaml", "-r", str(run), "--mirror", a.mirror,
-        "-s", f"train.max_time={a.budget}m", log=a.out / "plain.log")
+    nmt(
+        core,
+        "pipeline",
+        "-c",
+        "configs/small.yaml",
+        "-r",
+        str(run),
+        "--mirror",
+        a.mirror,
+        "-s",
+        f"train.max_time={a.budget}m",
+        log=a.out / "plain.log",
+    )
     return {"run": run}
 
 
@@ -67,8 +78,21 @@ def recipe_arm(a: argparse.Namespace, core: int | None) -> dict:
     bt_seconds = time.monotonic() - bt_start
     left = a.budget * 60 - (time.monotonic() - start)
     fwd = a.out / "bt-forward"
-    nmt(core, "pipeline", "-c", "configs/small-bt.yaml", "-r", str(fwd), "--mirror", a.mirror,
-        "-s", f"data.backtranslation.corpus={bt}", "-s", f"train.max_time={left:.0f}s", log=log)
+    nmt(
+        core,
+        "pipeline",
+        "-c",
+        "configs/small-bt.yaml",
+        "-r",
+        str(fwd),
+        "--mirror",
+        a.mirror,
+        "-s",
+        f"data.backtranslation.corpus={bt}",
+        "-s",
+        f"train.max_time={left:.0f}s",
+        log=log,
+    )
     nmt(core, "pipeline", "-r", str(rev), "--mirror", a.mirror, log=log)  # select + en→zh test, after the budget
     n_mono = sum(1 for _ in mono.open(encoding="utf-8"))
     return {"run": fwd, "reverse": rev, "bt_seconds": bt_seconds, "mono": n_mono, "forward_seconds": left}
@@ -106,25 +130,33 @@ def main() -> None:
         jobs = [pool.submit(plain_arm, a, cores[0]), pool.submit(recipe_arm, a, cores[1])]
         plain, recipe = (j.result() for j in jobs)
     with ThreadPoolExecutor(2) as pool:
-        news = list(pool.map(lambda ac: newstest(a, ac[0]["run"], ac[1], a.out / "eval.log"),
-                             [(plain, cores[0]), (recipe, cores[1])]))
+        news = list(
+            pool.map(
+                lambda ac: newstest(a, ac[0]["run"], ac[1], a.out / "eval.log"), [(plain, cores[0]), (recipe, cores[1])]
+            )
+        )
     print_table(a, plain, recipe, news)
 
 
 def print_table(a: argparse.Namespace, plain: dict, recipe: dict, news: list[dict]) -> None:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    info = Path("/proc/cpuinfo").read_text().splitlines()
+    cpu = next((ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), "?")
     print(f"\n{cpu}, one core per arm, budget {a.budget:g} min per arm")
-    print(f"back-translation: {recipe['mono']} sentences in {recipe['bt_seconds']:.0f} s "
-          f"({recipe['mono'] / recipe['bt_seconds']:.1f} sentences/s, {a.bt_engine} {a.bt_precision}, beam {a.bt_beam});"
-          f" forward training {recipe['forward_seconds'] / 60:.1f} min")
+    print(
+        f"back-translation: {recipe['mono']} sentences in {recipe['bt_seconds']:.0f} s "
+        f"({recipe['mono'] / recipe['bt_seconds']:.1f} sentences/s, {a.bt_engine} {a.bt_precision}, "
+        f"beam {a.bt_beam}); forward training {recipe['forward_seconds'] / 60:.1f} min"
+    )
     print("| arm | Tatoeba all BLEU | chrF | cmn_Hans | cmn_Hant | newstest2018 BLEU | chrF |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, arm, nt in (("plain", plain, news[0]), ("back-translation", recipe, news[1])):
         t = json.loads((arm["run"] / "eval" / "test.json").read_text())
         codes = t.get("by_code", {})
         hans, hant = (codes.get(c, {}).get("bleu", float("nan")) for c in ("cmn_Hans", "cmn_Hant"))
-        print(f"| {name} | {t['bleu']:.2f} | {t['chrf']:.2f} | {hans:.2f} | {hant:.2f} | "
-              f"{nt['bleu']:.2f} | {nt['chrf']:.2f} |")
+        print(
+            f"| {name} | {t['bleu']:.2f} | {t['chrf']:.2f} | {hans:.2f} | {hant:.2f} | "
+            f"{nt['bleu']:.2f} | {nt['chrf']:.2f} |"
+        )
     rev = json.loads((recipe["reverse"] / "eval" / "test.json").read_text())
     print(f"reverse en→zh (Tatoeba test): BLEU {rev['bleu']:.2f} ({rev['bleu_signature']}), chrF {rev['chrf']:.2f}")
 

@@ -12,26 +12,33 @@ A step checkpoint is two files in ``<run>/checkpoints/``:
 Tensors that share storage (tied embeddings) are saved as separate copies because
 safetensors refuses shared tensors; ``model.load_state_dict`` copies into the tied
 parameter, so the tie survives a round trip.
+
+Which files a run has and which one a command loads: `nmt.checkpoint_files` (no PyTorch).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from nmt.config import Config, ConfigError, config_from_dict, config_to_yaml
+from nmt.checkpoint_files import (
+    STATE_RE,
+    STEP_RE,
+    checkpoint_step,
+    complete_checkpoints,
+    latest_checkpoint,
+    read_config,
+    read_metadata,
+    state_path,
+    step_checkpoints,
+)
+from nmt.config import Config, config_to_yaml
 from nmt.errors import NmtError
 from nmt.files import atomic_path
-
-STEP_RE = re.compile(r"^step_(\d+)\.safetensors$")
-STATE_RE = re.compile(r"^step_(\d+)\.state\.pt$")
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -43,12 +50,6 @@ def unwrap(model: nn.Module) -> nn.Module:
             model = model._orig_mod
         else:
             return model
-
-
-def state_path(weights: Path) -> Path:
-    """step_<N>.safetensors → step_<N>.state.pt"""
-    weights = Path(weights)
-    return weights.with_name(weights.name.removesuffix(".safetensors") + ".state.pt")
 
 
 def _plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -89,44 +90,6 @@ def save_best(ckpt_dir: Path, model: nn.Module, config: Config, step: int, bleu:
     return save_weights(Path(ckpt_dir) / "best.safetensors", _plain_state_dict(model), config, step, bleu=f"{bleu:.4f}")
 
 
-def step_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
-    """All step_<N>.safetensors files, oldest first (complete or not)."""
-    ckpt_dir = Path(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := STEP_RE.match(p.name))]
-    return sorted(found)
-
-
-def is_complete(weights: Path) -> bool:
-    """Weights with a readable header and a non-empty state file next to them."""
-    state = state_path(weights)
-    if not state.is_file() or state.stat().st_size == 0:
-        return False
-    try:
-        with safe_open(str(weights), framework="pt") as f:
-            return "step" in (f.metadata() or {})
-    except Exception:  # noqa: BLE001 — any unreadable header means incomplete
-        return False
-
-
-def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
-    """Complete step checkpoints, newest first."""
-    return [p for _, p in reversed(step_checkpoints(ckpt_dir)) if is_complete(p)]
-
-
-def latest_checkpoint(ckpt_dir: Path) -> Path | None:
-    """Newest complete step_<N>.safetensors, or None."""
-    found = complete_checkpoints(ckpt_dir)
-    return found[0] if found else None
-
-
-def model_files(ckpt_dir: Path) -> list[Path]:
-    """The files `choose_inference_checkpoint` picks from: final, best, complete step checkpoints."""
-    named = [Path(ckpt_dir) / n for n in ("final.safetensors", "best.safetensors")]
-    return [p for p in named if p.is_file()] + complete_checkpoints(ckpt_dir)
-
-
 def prune(ckpt_dir: Path, keep_last: int) -> None:
     """Delete all but the newest `keep_last` step checkpoints, and orphan older state files."""
     steps = step_checkpoints(ckpt_dir)
@@ -150,59 +113,6 @@ def clear_checkpoints(ckpt_dir: Path) -> None:
                 p.unlink()
 
 
-@dataclass
-class Choice:
-    """The checkpoint a command loads when none is named, and why (for its "loaded ..." line)."""
-
-    path: Path
-    reason: str
-
-
-def choose_inference_checkpoint(run_dir: Path) -> Choice:
-    """THE rule for the model that translate / eval / serve load when no checkpoint is named.
-
-    1. ``final.safetensors`` — the pipeline's choice on validation (averaged or best) — but
-       only if it was selected from the run's newest training: its metadata ``trained_to``
-       must equal the step of the newest complete step checkpoint. After ``nmt train`` goes
-       on training, final is stale and skipped (the reason says so). A final written before
-       ``trained_to`` existed counts as current if its step is the newest step or best's step.
-    2. ``best.safetensors`` — best validation BLEU; every training run (re)writes it, so it
-       always belongs to the run's newest training.
-    3. the newest complete ``step_<N>.safetensors``.
-    """
-    ckpt_dir = Path(run_dir) / "checkpoints"
-    newest = latest_checkpoint(ckpt_dir)
-    newest_step = int(STEP_RE.match(newest.name).group(1)) if newest else None
-    final, best = ckpt_dir / "final.safetensors", ckpt_dir / "best.safetensors"
-    stale = ""
-    if final.is_file():
-        trained_to = _final_trained_to(final, newest_step, best)
-        if newest_step is None or trained_to == newest_step:
-            return Choice(final, f"final: chosen on validation after training step {trained_to}")
-        stale = f"; final.safetensors is stale (chosen after step {trained_to}, training reached step {newest_step})"
-    if best.is_file():
-        return Choice(best, f"best validation BLEU{stale}")
-    if newest is None:
-        raise NmtError(f"{ckpt_dir}: no checkpoint found (train first: nmt train)")
-    return Choice(newest, f"newest step checkpoint{stale}")
-
-
-def _final_trained_to(final: Path, newest_step: int | None, best: Path) -> int | None:
-    """The training step `final` was selected after (legacy files: inferred from its step)."""
-    meta = read_metadata(final)
-    if "trained_to" in meta:
-        return int(meta["trained_to"])
-    step = int(meta.get("step", "-1"))
-    if step == newest_step or (best.is_file() and checkpoint_step(best) == step):
-        return newest_step
-    return step
-
-
-def find_inference_checkpoint(run_dir: Path) -> Path:
-    """The path `choose_inference_checkpoint` picks."""
-    return choose_inference_checkpoint(run_dir).path
-
-
 def write_final(ckpt_dir: Path, chosen: Path, name: str) -> Path:
     """Copy `chosen` to ``final.safetensors`` (atomically), recording what it was and the newest
     training step it was chosen after (``trained_to``; see `choose_inference_checkpoint`)."""
@@ -215,36 +125,10 @@ def write_final(ckpt_dir: Path, chosen: Path, name: str) -> Path:
     return Path(ckpt_dir) / "final.safetensors"
 
 
-def describe_checkpoint(path: Path, reason: str) -> str:
-    """'loaded runs/x/checkpoints/best.safetensors (step 200; best validation BLEU)'."""
-    return f"loaded {path} (step {read_metadata(path).get('step', '?')}; {reason})"
-
-
-def read_metadata(path: Path) -> dict[str, str]:
-    path = Path(path)
-    if not path.is_file():
-        raise NmtError(f"{path}: checkpoint not found")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return dict(f.metadata() or {})
-    except Exception as e:  # noqa: BLE001
-        raise NmtError(f"{path}: not a readable safetensors checkpoint ({e})") from None
-
-
 def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], Config]:
     """State dict and the config stored in the checkpoint's metadata."""
-    meta = read_metadata(path)
-    if "config" not in meta:
-        raise NmtError(f"{path}: checkpoint has no config in its metadata (not written by nmt)")
-    try:
-        config = config_from_dict(yaml.safe_load(meta["config"]) or {}, source=f"{path}:config")
-    except (yaml.YAMLError, ConfigError) as e:
-        raise NmtError(f"{path}: stored config is invalid ({e})") from None
+    config = read_config(path)
     return load_file(str(path)), config
-
-
-def checkpoint_step(path: Path) -> int:
-    return int(read_metadata(path).get("step", "0"))
 
 
 def load_trainer_state(weights: Path) -> dict:

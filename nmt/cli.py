@@ -198,7 +198,8 @@ def translate(
     the newest run under runs/ with a model).
 
     With --nbest K > 1 each input gives K lines `score<TAB>text`, best first."""
-    from nmt.decode.translator import InferenceOptions, translate_to
+    from nmt.decode.options import InferenceOptions
+    from nmt.decode.translator import translate_to
 
     if texts and input:
         raise NmtError("give sentences as arguments or --input FILE, not both")
@@ -234,7 +235,7 @@ def _sampling(topk: int | None, topp: float | None, temperature: float | None, s
     """A `nmt.decode.sampling.Sampling` when any sampling option is given, else None (beam search)."""
     if topk is None and topp is None and temperature is None:
         return None
-    from nmt.decode.sampling import Sampling
+    from nmt.decode.options import Sampling
 
     return Sampling(
         topk=0 if topk is None else topk,
@@ -281,7 +282,7 @@ def eval_(
 ) -> None:
     """Translate a split (or one or more --src/--ref sets) and score it with sacreBLEU BLEU and chrF."""
     from nmt.decode.evaluate import EvalJob, evaluate_sets
-    from nmt.decode.translator import InferenceOptions
+    from nmt.decode.options import InferenceOptions
 
     if split not in ("valid", "test"):
         raise NmtError(f"--split {split!r}: expected valid or test")
@@ -422,7 +423,7 @@ def serve(
         from nmt.serve.libretranslate import LibreAccess
     except ImportError as e:
         raise NmtError(f"nmt serve needs the serve extra ({e.name} is missing): pip install 'nmt[serve]'") from None
-    from nmt.decode.translator import InferenceOptions
+    from nmt.decode.options import InferenceOptions
     from nmt.serve.batcher import BatchLimits
 
     batch = BatchLimits(batch_wait_ms, max_batch, workers)
@@ -461,7 +462,7 @@ def backtranslate(
     """Translate monolingual text with a reverse run into synthetic pairs (resumable)."""
     from nmt.decode.backtranslate import BacktranslateOptions
     from nmt.decode.backtranslate import backtranslate as run_backtranslation
-    from nmt.decode.translator import InferenceOptions
+    from nmt.decode.options import InferenceOptions
 
     inference = InferenceOptions(
         run_dir=run,

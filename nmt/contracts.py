@@ -11,9 +11,10 @@ those classes: a protocol is satisfied by shape, not by inheritance.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from torch import Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
 Pairs = list[tuple[list[int], float]]  # one sentence's hypotheses: (target ids without BOS/EOS, score), best first
 Found = list[Pairs]  # per sentence of a batch

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import sys
 from collections.abc import Iterator
 
 import torch
 
 from nmt import host
+from nmt.decode.options import available_cores
 from nmt.errors import NmtError
 from nmt.host import best_time, probe
 from nmt.model.convert import INT8_KERNELS, inference_model, int8_kernels
@@ -253,13 +253,6 @@ def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
     """A GradScaler that is enabled only for fp16 (disabled scalers pass everything through)."""
     check_precision(device, precision)
     return torch.amp.GradScaler(device.type, enabled=resolve_precision(device, precision) == "fp16")
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def set_threads(n: int) -> None:

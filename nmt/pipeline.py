@@ -99,11 +99,11 @@ def select_stage(config: Config, run_dir: Path) -> str:
 
     The choice is made on the validation split only; the winner is copied to
     `checkpoints/final.safetensors` with the step it was chosen after, which translate/eval
-    use by default until training goes on (`nmt.checkpoint.choose_inference_checkpoint`).
+    use by default until training goes on (`nmt.checkpoint_files.choose_inference_checkpoint`).
     """
     from nmt.checkpoint import average_last, write_final
     from nmt.decode.evaluate import EvalJob, evaluate_run
-    from nmt.decode.translator import InferenceOptions
+    from nmt.decode.options import InferenceOptions
 
     ckpt_dir = run_dir / "checkpoints"
     trained = sorted(ckpt_dir.glob("step_*.safetensors")) + sorted(ckpt_dir.glob("best.safetensors"))
@@ -130,7 +130,7 @@ def eval_stage(config: Config, run_dir: Path) -> tuple[str, dict]:
     import json
 
     from nmt.decode.evaluate import EvalJob, evaluate_run
-    from nmt.decode.translator import InferenceOptions
+    from nmt.decode.options import InferenceOptions
 
     final = run_dir / "checkpoints" / "final.safetensors"
     digest = hash_files([final], {"decode": config_to_dict(config)["decode"]})

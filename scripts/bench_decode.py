@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nmt import host  # noqa: E402
-from nmt.checkpoint import find_inference_checkpoint  # noqa: E402
+from nmt.checkpoint_files import find_inference_checkpoint  # noqa: E402
 from nmt.decode.evaluate import read_lines, score  # noqa: E402
 from nmt.decode.translator import Translator  # noqa: E402
 

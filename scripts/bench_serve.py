@@ -43,7 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from nmt.decode.evaluate import read_lines  # noqa: E402
-from nmt.decode.translator import InferenceOptions, Translator  # noqa: E402
+from nmt.decode.options import InferenceOptions  # noqa: E402
+from nmt.decode.translator import Translator  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

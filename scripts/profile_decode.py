@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nmt.checkpoint import latest_checkpoint  # noqa: E402
+from nmt.checkpoint_files import latest_checkpoint  # noqa: E402
 from nmt.decode.evaluate import read_lines  # noqa: E402
 from nmt.decode.translator import Translator  # noqa: E402
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from nmt import checkpoint as ckpt
+from nmt import checkpoint_files as cfiles
 from nmt.config import config_to_yaml
 from nmt.errors import NmtError
 from nmt.model.transformer import build_model
@@ -24,11 +25,11 @@ def trainer_state(model, config) -> dict:
 def test_round_trip_keeps_weights_config_and_tied_embeddings(tmp_path, model, tiny_config):
     assert tiny_config.model.tie_embeddings
     path = ckpt.save_checkpoint(tmp_path, 7, model, trainer_state(model, tiny_config), tiny_config, keep_last=3)
-    assert path.name == "step_7.safetensors" and ckpt.state_path(path).is_file()
+    assert path.name == "step_7.safetensors" and cfiles.state_path(path).is_file()
     tensors, config = ckpt.load_weights(path)
     assert config == tiny_config
-    assert ckpt.read_metadata(path)["config"] == config_to_yaml(tiny_config)
-    assert ckpt.checkpoint_step(path) == 7
+    assert cfiles.read_metadata(path)["config"] == config_to_yaml(tiny_config)
+    assert cfiles.checkpoint_step(path) == 7
     fresh = build_model(tiny_config, 50, 60)
     fresh.load_state_dict(tensors)
     for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values(), strict=True):
@@ -50,7 +51,7 @@ def test_keep_last_prunes_old_steps(tmp_path, model, tiny_config):
     state = trainer_state(model, tiny_config)
     for step in (10, 20, 30, 40):
         ckpt.save_checkpoint(tmp_path, step, model, state, tiny_config, keep_last=2)
-    assert [s for s, _ in ckpt.step_checkpoints(tmp_path)] == [30, 40]
+    assert [s for s, _ in cfiles.step_checkpoints(tmp_path)] == [30, 40]
     assert sorted(p.name for p in tmp_path.glob("*.state.pt")) == ["step_30.state.pt", "step_40.state.pt"]
     assert not list(tmp_path.glob("*.tmp"))
 
@@ -60,25 +61,25 @@ def test_latest_skips_incomplete_and_corrupt(tmp_path, model, tiny_config):
     ckpt.save_checkpoint(tmp_path, 10, model, state, tiny_config, keep_last=5)
     ckpt.save_checkpoint(tmp_path, 20, model, state, tiny_config, keep_last=5)
     ckpt.save_checkpoint(tmp_path, 30, model, state, tiny_config, keep_last=5)
-    assert ckpt.latest_checkpoint(tmp_path).name == "step_30.safetensors"
-    ckpt.state_path(tmp_path / "step_30.safetensors").unlink()  # weights without state
-    assert ckpt.latest_checkpoint(tmp_path).name == "step_20.safetensors"
+    assert cfiles.latest_checkpoint(tmp_path).name == "step_30.safetensors"
+    cfiles.state_path(tmp_path / "step_30.safetensors").unlink()  # weights without state
+    assert cfiles.latest_checkpoint(tmp_path).name == "step_20.safetensors"
     (tmp_path / "step_20.safetensors").write_bytes(b"garbage")  # unreadable header
-    assert ckpt.latest_checkpoint(tmp_path).name == "step_10.safetensors"
-    assert ckpt.latest_checkpoint(tmp_path / "missing") is None
+    assert cfiles.latest_checkpoint(tmp_path).name == "step_10.safetensors"
+    assert cfiles.latest_checkpoint(tmp_path / "missing") is None
 
 
 def test_find_inference_checkpoint_order(tmp_path, model, tiny_config):
     run = tmp_path / "run"
     with pytest.raises(NmtError, match="no checkpoint"):
-        ckpt.find_inference_checkpoint(run)
+        cfiles.find_inference_checkpoint(run)
     d = run / "checkpoints"
     ckpt.save_checkpoint(d, 5, model, trainer_state(model, tiny_config), tiny_config, keep_last=2)
-    assert ckpt.find_inference_checkpoint(run).name == "step_5.safetensors"
+    assert cfiles.find_inference_checkpoint(run).name == "step_5.safetensors"
     ckpt.save_best(d, model, tiny_config, 5, 12.5)
-    assert ckpt.find_inference_checkpoint(run).name == "best.safetensors"
+    assert cfiles.find_inference_checkpoint(run).name == "best.safetensors"
     (d / "final.safetensors").write_bytes((d / "best.safetensors").read_bytes())
-    assert ckpt.find_inference_checkpoint(run).name == "final.safetensors"
+    assert cfiles.find_inference_checkpoint(run).name == "final.safetensors"
 
 
 def test_load_weights_errors(tmp_path):
@@ -96,7 +97,7 @@ def test_average_of_identical_checkpoints_is_the_checkpoint(tmp_path, model, tin
     out = ckpt.average_checkpoints(paths, tmp_path / "avg.safetensors")
     averaged, config = ckpt.load_weights(out)
     original, _ = ckpt.load_weights(paths[0])
-    assert config == tiny_config and ckpt.checkpoint_step(out) == 3
+    assert config == tiny_config and cfiles.checkpoint_step(out) == 3
     for k, v in original.items():
         torch.testing.assert_close(averaged[k], v, rtol=1e-6, atol=1e-7)
 
@@ -129,19 +130,19 @@ def test_stale_final_is_not_used_after_training_goes_on(tmp_path, model, tiny_co
     ckpt.save_checkpoint(d, 15, model, state, tiny_config, keep_last=2)
     ckpt.save_best(d, model, tiny_config, 10, 1.0)
     ckpt.write_final(d, d / "best.safetensors", "best")  # the pipeline's selection after step 15
-    choice = ckpt.choose_inference_checkpoint(run)
+    choice = cfiles.choose_inference_checkpoint(run)
     assert choice.path.name == "final.safetensors" and "after training step 15" in choice.reason
-    assert ckpt.read_metadata(choice.path)["trained_to"] == "15"
+    assert cfiles.read_metadata(choice.path)["trained_to"] == "15"
     # `nmt train --set train.max_steps=200` goes on; best did not improve
     ckpt.save_checkpoint(d, 200, model, state, tiny_config, keep_last=2)
-    choice = ckpt.choose_inference_checkpoint(run)
+    choice = cfiles.choose_inference_checkpoint(run)
     assert choice.path.name == "best.safetensors"
     assert "stale" in choice.reason and "step 200" in choice.reason
-    assert ckpt.find_inference_checkpoint(run) == choice.path
+    assert cfiles.find_inference_checkpoint(run) == choice.path
     (d / "best.safetensors").unlink()  # no best: the newest step checkpoint
-    assert ckpt.choose_inference_checkpoint(run).path.name == "step_200.safetensors"
+    assert cfiles.choose_inference_checkpoint(run).path.name == "step_200.safetensors"
     ckpt.write_final(d, d / "step_200.safetensors", "averaged")  # selected again: current again
-    assert ckpt.choose_inference_checkpoint(run).path.name == "final.safetensors"
+    assert cfiles.choose_inference_checkpoint(run).path.name == "final.safetensors"
 
 
 def test_final_without_trained_to_is_judged_by_its_step(tmp_path, model, tiny_config):
@@ -150,15 +151,15 @@ def test_final_without_trained_to_is_judged_by_its_step(tmp_path, model, tiny_co
     ckpt.save_checkpoint(d, 15, model, state, tiny_config, keep_last=2)
     ckpt.save_best(d, model, tiny_config, 15, 1.0)
     (d / "final.safetensors").write_bytes((d / "step_15.safetensors").read_bytes())  # an older pipeline's copy
-    assert ckpt.find_inference_checkpoint(run).name == "final.safetensors"
+    assert cfiles.find_inference_checkpoint(run).name == "final.safetensors"
     ckpt.save_checkpoint(d, 30, model, state, tiny_config, keep_last=2)
     ckpt.save_best(d, model, tiny_config, 30, 2.0)
-    assert ckpt.find_inference_checkpoint(run).name == "best.safetensors"
+    assert cfiles.find_inference_checkpoint(run).name == "best.safetensors"
 
 
 def test_describe_checkpoint_names_path_and_step(tmp_path, model, tiny_config):
     path = ckpt.save_checkpoint(tmp_path, 42, model, trainer_state(model, tiny_config), tiny_config, keep_last=1)
-    line = ckpt.describe_checkpoint(path, "newest step checkpoint")
+    line = cfiles.describe_checkpoint(path, "newest step checkpoint")
     assert line == f"loaded {path} (step 42; newest step checkpoint)"
 
 
@@ -188,7 +189,7 @@ def test_translate_loads_what_the_newest_training_made(tiny_run, mini_mirror, tm
 
     run = tmp_path / "tiny"
     shutil.copytree(tiny_run, run)
-    trained = ckpt.checkpoint_step(ckpt.latest_checkpoint(run / "checkpoints"))
+    trained = cfiles.checkpoint_step(cfiles.latest_checkpoint(run / "checkpoints"))
     loaded = cli("translate", "--run", run, "我爱 AI").stderr
     assert f"loaded {run / 'checkpoints' / 'final.safetensors'} (step" in loaded
     assert f"after training step {trained}" in loaded

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from nmt.checkpoint import complete_checkpoints
+from nmt.checkpoint_files import complete_checkpoints
 from nmt.cli import app
 from nmt.decode.evaluate import score
 from nmt.model.attention import resolve_backend

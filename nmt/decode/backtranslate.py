@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from nmt.data.mono import mono_file, read_mono
-from nmt.decode.translator import InferenceOptions, Translator
+from nmt.decode.options import InferenceOptions
+from nmt.decode.translator import Translator
 from nmt.errors import NmtError
 from nmt.files import atomic_write_json
 from nmt.runs import checkpoint_run

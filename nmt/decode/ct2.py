@@ -57,14 +57,12 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
 import nmt
 from nmt import BOS_ID, EOS_ID, PAD_ID
 from nmt.config import Config, DecodeConfig, config_from_dict, config_to_dict, load_config
-from nmt.decode.ct2_spec import NmtConverter, check_representable
-from nmt.decode.sampling import Sampling
+from nmt.decode.options import Sampling, cpu_threads
 from nmt.errors import NmtError
 
 try:
@@ -123,7 +121,7 @@ class _Source:
 def _resolve_source(run_dir: Path, checkpoint: Path | None, config: Config | None = None) -> _Source:
     """The checkpoint (default: final > best > latest), config and vocabularies of a run, as
     `Translator.from_run` finds them; the weights themselves are read only when converting."""
-    from nmt.checkpoint import find_inference_checkpoint, read_metadata
+    from nmt.checkpoint_files import find_inference_checkpoint, read_metadata
     from nmt.data.vocab import load_tokenizers
 
     run_dir = Path(run_dir)
@@ -169,7 +167,9 @@ def _pieces(model: Path) -> list[str]:
 
 def _write_export(src: _Source, out: Path, quantization: str | None, digest: str) -> Path:
     """Convert into a temporary directory next to `out`, then swap it in (never half-written)."""
-    from nmt.checkpoint import checkpoint_step, load_weights
+    from nmt.checkpoint import load_weights
+    from nmt.checkpoint_files import checkpoint_step
+    from nmt.decode.ct2_spec import NmtConverter  # CTranslate2's converter imports PyTorch
 
     state, _ = load_weights(src.checkpoint)
     converter = NmtConverter(state, src.config.model, (_pieces(src.src_model), _pieces(src.tgt_model)))
@@ -213,11 +213,13 @@ def ensure_export(src: _Source, output: Path | None, quantization: str | None) -
     require_ctranslate2()
     if quantization is not None and quantization not in quantizations():
         raise NmtError(f"--quantization {quantization!r}: expected one of {' | '.join(quantizations())}")
-    check_representable(src.config.model)
     out = Path(output) if output is not None else default_export_dir(src.run_dir, src.checkpoint, quantization)
     digest = _digest(src, quantization)
     if is_fresh(out, digest):
         return out
+    from nmt.decode.ct2_spec import check_representable  # CTranslate2's converter imports PyTorch
+
+    check_representable(src.config.model)
     if out.exists() and not (out / MANIFEST).is_file():
         raise NmtError(f"{out}: exists and is not an nmt export; choose another --output")
     try:
@@ -237,7 +239,34 @@ def export_run(opts: ExportOptions) -> Path:
 # --------------------------------------------------------------------------- the engine
 
 
-def compute_type(device: torch.device, precision: str) -> str:
+@dataclass(frozen=True)
+class Ct2Device:
+    """A device as CTranslate2 names it (PyTorch is not needed to run an export)."""
+
+    type: str  # cpu | cuda
+    index: int = 0
+
+    def __str__(self) -> str:
+        return "cpu" if self.type == "cpu" else f"cuda:{self.index}"
+
+
+def ct2_device(name: str = "auto") -> Ct2Device:
+    """'auto' → the first CUDA device CTranslate2 sees, else the CPU; 'cpu', 'cuda', 'cuda:N' checked
+    against CTranslate2's own device count (the rule of `nmt.device.resolve_device`)."""
+    require_ctranslate2()
+    name = (name or "auto").strip().lower()
+    gpus = ctranslate2.get_cuda_device_count()
+    if name == "auto":
+        return Ct2Device("cuda" if gpus else "cpu")
+    kind, _, index = name.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
+        raise NmtError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N")
+    if kind == "cuda" and int(index or 0) >= gpus:
+        raise NmtError(f"--device {name!r}: CTranslate2 sees {gpus} CUDA device(s) (use auto or cpu)")
+    return Ct2Device(kind, int(index or 0))
+
+
+def compute_type(device: Ct2Device, precision: str) -> str:
     """CTranslate2 compute type for nmt's `precision`; NmtError when the device cannot run it."""
     require_ctranslate2()
     if precision not in COMPUTE_TYPES:
@@ -265,16 +294,19 @@ class CTranslate2Engine:
 
     name = "ctranslate2"
 
-    def __init__(self, model_dir: Path, decode: DecodeConfig, device: torch.device, precision: str) -> None:
+    def __init__(
+        self, model_dir: Path, decode: DecodeConfig, device: Ct2Device, precision: str, threads: int = 0
+    ) -> None:
+        """`threads`: CPU threads, fixed at load (0: `nmt.decode.options.cpu_threads`)."""
         require_ctranslate2()
         manifest = json.loads((Path(model_dir) / MANIFEST).read_text(encoding="utf-8"))
-        self.model_dir, self.decode, self.device = Path(model_dir), decode, torch.device(device)
+        self.model_dir, self.decode, self.device = Path(model_dir), decode, device
         self.max_positions = int(manifest["config"]["model"]["max_positions"])
-        self.threads = torch.get_num_threads() if self.device.type == "cpu" else 0  # CTranslate2's, fixed at load
+        self.threads = cpu_threads(threads) if device.type == "cpu" else 0
         self.translator = ctranslate2.Translator(
             str(model_dir),
-            device=self.device.type,
-            device_index=self.device.index or 0,
+            device=device.type,
+            device_index=device.index,
             compute_type=compute_type(self.device, precision),
             intra_threads=self.threads,
         )
@@ -286,7 +318,9 @@ class CTranslate2Engine:
         self.eos = tgt[EOS_ID]
 
     @classmethod
-    def from_export(cls, model_dir: Path, config: Config | None, device: torch.device, precision: str) -> tuple:
+    def from_export(
+        cls, model_dir: Path, config: Config | None, device: Ct2Device, precision: str, threads: int = 0
+    ) -> tuple:
         """An exported directory (`nmt export`) on its own: (engine, source tokenizer, target
         tokenizer, config). The config is `config` (normalisation, decode settings) with the model
         section of the export's manifest; without `config`, the manifest's whole config."""
@@ -299,18 +333,18 @@ class CTranslate2Engine:
         manifest = json.loads((model_dir / MANIFEST).read_text(encoding="utf-8"))
         stored = config_from_dict(manifest["config"], source=str(model_dir / MANIFEST))
         config = dataclasses.replace(config or stored, model=stored.model)
-        engine = cls(model_dir, config.decode, torch.device(device), precision)
+        engine = cls(model_dir, config.decode, device, precision, threads)
         tokenizers = Tokenizer(model_dir / manifest["source_model"]), Tokenizer(model_dir / manifest["target_model"])
         return engine, *tokenizers, config
 
     @classmethod
     def from_checkpoint(
-        cls, run_dir: Path, path: Path, config: Config, device: torch.device, precision: str
+        cls, run_dir: Path, path: Path, config: Config, device: Ct2Device, precision: str, threads: int = 0
     ) -> CTranslate2Engine:
         """Convert `path` of `run_dir` into the run's export cache (reused while fresh) and load it."""
         require_ctranslate2()
         src = _resolve_source(run_dir, path, config)
-        return cls(ensure_export(src, None, None), config.decode, torch.device(device), precision)
+        return cls(ensure_export(src, None, None), config.decode, device, precision, threads)
 
     def max_len(self, src_len: int) -> int:
         """nmt's per-sentence output limit (nmt.decode.search.max_lengths) for `src_len` pieces."""

@@ -25,14 +25,16 @@ option. Importable without the optional package (nmt/decode/ct2.py checks for it
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from nmt import BOS_ID, EOS_ID, UNK_ID
 from nmt.config import ModelConfig
 from nmt.errors import NmtError
+
+if TYPE_CHECKING:
+    import torch
 
 try:
     from ctranslate2.converters import Converter

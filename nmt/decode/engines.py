@@ -20,11 +20,9 @@ import torch
 from nmt.config import DecodeConfig
 from nmt.contracts import Found, OnDone
 from nmt.data.batching import pad_sources
-from nmt.decode.sampling import Sampling
+from nmt.decode.options import Sampling
 from nmt.decode.search import Hypothesis, beam_search, greedy_search
 from nmt.device import decoding_model, resolve_inference_precision
-
-ENGINES = ("native", "ctranslate2")
 
 
 class NativeEngine:
@@ -36,7 +34,10 @@ class NativeEngine:
 
     name = "native"
 
-    def __init__(self, model: torch.nn.Module, decode: DecodeConfig, device: torch.device, precision: str) -> None:
+    def __init__(
+        self, model: torch.nn.Module, decode: DecodeConfig, device: torch.device | str, precision: str
+    ) -> None:
+        device = torch.device(device)
         cfg = getattr(model, "cfg", None)
         shape = (cfg.d_model, cfg.ffn_dim) if cfg is not None else (512, 2048)
         self.precision = resolve_inference_precision(device, precision, shape)

@@ -27,7 +27,8 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 
 from nmt.config import Config, config_to_dict
 from nmt.data import passthrough
-from nmt.decode.translator import InferenceOptions, Translator
+from nmt.decode.options import InferenceOptions
+from nmt.decode.translator import Translator
 from nmt.errors import NmtError
 from nmt.files import atomic_write_json, atomic_write_text
 

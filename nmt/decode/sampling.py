@@ -16,40 +16,17 @@ a sentence whichever sentences share its batch, and `topk=1` is exactly greedy s
 
 from __future__ import annotations
 
-import math
 import zlib
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from nmt import PAD_ID
-from nmt.errors import NmtError
+from nmt.decode.options import Sampling
 
 _MASK = 0xFFFFFFFF
 _MIX = 0x45D9F3B  # a 32-bit multiplicative hash constant: products stay below 2**59 in int64
 _GOLDEN = 0x9E3779B1
-
-
-@dataclass(frozen=True, kw_only=True)
-class Sampling:
-    """How to sample: `topk` most probable tokens (0 = the whole distribution), nucleus `topp`
-    in (0, 1], `temperature` > 0 (below 1 sharper, above 1 flatter), `seed` for the draws."""
-
-    topk: int = 0
-    topp: float = 1.0
-    temperature: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.topk < 0:
-            raise NmtError(f"--sample-topk {self.topk}: must be >= 0 (0 = the whole distribution)")
-        if not (0.0 < self.topp <= 1.0) or math.isnan(self.topp):
-            raise NmtError(f"--sample-topp {self.topp}: must be in (0, 1]")
-        if not (self.temperature > 0.0 and math.isfinite(self.temperature)):
-            raise NmtError(f"--temperature {self.temperature}: must be a finite number > 0")
-        if self.seed < 0:
-            raise NmtError(f"--seed {self.seed}: must be >= 0")
 
 
 def sentence_keys(src: Tensor) -> Tensor:

@@ -48,7 +48,8 @@ from torch import Tensor
 
 from nmt import BOS_ID, EOS_ID, PAD_ID
 from nmt.contracts import DecodingModel, DecodingState
-from nmt.decode.sampling import Sampling, sample_tokens, sentence_keys
+from nmt.decode.options import Sampling
+from nmt.decode.sampling import sample_tokens, sentence_keys
 
 NEG_INF = float("-inf")
 _NEVER = torch.tensor([PAD_ID, BOS_ID])  # ids that are never generated

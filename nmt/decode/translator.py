@@ -33,36 +33,19 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from nmt import BOS_ID, EOS_ID, PAD_ID
 from nmt.config import Config, load_config
 from nmt.contracts import Engine, Tokenizer
 from nmt.data.passthrough import Masked, mask, masker, restore
-from nmt.decode.engines import ENGINES, NativeEngine
-from nmt.decode.sampling import Sampling
-from nmt.device import resolve_device
+from nmt.decode.options import ENGINES, InferenceOptions, Sampling
 from nmt.errors import NmtError
 
+if TYPE_CHECKING:
+    import torch
+
 CHUNK_LINES = 2000  # lines read ahead (and sorted by length) by translate_stream
-
-
-@dataclass(frozen=True, kw_only=True)
-class InferenceOptions:
-    """Which model of a run, and how it decodes: one object for translate, eval and serve."""
-
-    run_dir: Path | None = None  # None: the newest run under runs/ with a model (nmt.runs.newest_model_run)
-    checkpoint: Path | None = None  # None: the run's inference checkpoint (nmt.checkpoint)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: str = "auto"  # auto | fp32 | bf16 | int8 (native engine)
-    engine: str = "native"  # native | ctranslate2
-    beam: int | None = None  # None: decode.beam of the run's config
-    nbest: int = 1
-    len_penalty: float | None = None  # None: decode.len_penalty
-    sampling: Sampling | None = None  # draw tokens (top-k / top-p / temperature, seeded) instead of searching
-    ensemble: tuple[Path, ...] = ()  # more checkpoints decoded with `checkpoint` as one model (native engine)
 
 
 @dataclass
@@ -98,10 +81,12 @@ class Translator:
         engine: Engine | None = None,
     ) -> None:
         if engine is None:
-            engine = NativeEngine(model, config.decode, torch.device(device), precision)
+            from nmt.decode.engines import NativeEngine  # PyTorch: imported only where it decodes
+
+            engine = NativeEngine(model, config.decode, device, precision)
         self.engine = engine
         self.model = getattr(engine, "model", model)
-        self.device = torch.device(getattr(engine, "device", device))
+        self.device = getattr(engine, "device", device)  # torch.device, or the CTranslate2 engine's own
         self.precision = getattr(engine, "precision", precision)
         self.src_tok, self.tgt_tok, self.config = src_tok, tgt_tok, config
         self.checkpoint = checkpoint
@@ -124,48 +109,51 @@ class Translator:
         engine: str = InferenceOptions.engine,
         sampling: Sampling | None = InferenceOptions.sampling,
         ensemble: tuple[Path, ...] = InferenceOptions.ensemble,
+        threads: int = InferenceOptions.threads,
     ) -> Translator:
-        """Load `checkpoint` (default: `nmt.checkpoint.choose_inference_checkpoint`) with the run's vocabularies.
+        """Load `checkpoint` (default: `nmt.checkpoint_files.choose_inference_checkpoint`) with the run's vocabularies.
         Defaults are `InferenceOptions`' (one set for every way in: CLI, server, scripts).
 
         The architecture comes from the checkpoint's stored config; the rest (data
         normalisation, decode settings) from `config`, else `<run>/config.yaml`, else the checkpoint.
         Says on stderr which checkpoint (path, step, why) it loaded.
         """
-        from nmt.checkpoint import choose_inference_checkpoint, describe_checkpoint, load_weights
+        from nmt.checkpoint_files import choose_inference_checkpoint, describe_checkpoint, read_config
         from nmt.data.vocab import load_tokenizers
 
         run_dir = Path(run_dir)
         if engine not in ENGINES:
             raise NmtError(f"--engine {engine!r}: expected one of {' | '.join(ENGINES)}")
-        dev = resolve_device(device)
         if ensemble and engine != "native":
             raise NmtError(f"--checkpoint more than once: ensembles decode with the native engine, not {engine}")
-        if engine == "ctranslate2" and sampling is not None:
-            from nmt.decode.ct2 import seed_sampling
+        if engine == "ctranslate2":  # no PyTorch on this path: start-up in a fraction of a second
+            from nmt.decode.ct2 import CTranslate2Engine, ct2_device, seed_sampling
 
-            seed_sampling(sampling.seed)  # before the engine's threads first sample
-        if engine == "ctranslate2" and checkpoint is not None and Path(checkpoint).is_dir():
-            from nmt.decode.ct2 import CTranslate2Engine  # an `nmt export` directory: no PyTorch weights needed
+            dev = ct2_device(device)
+            if sampling is not None:
+                seed_sampling(sampling.seed)  # before the engine's threads first sample
+            if checkpoint is not None and Path(checkpoint).is_dir():  # an `nmt export` directory
+                ct2, src_tok, tgt_tok, config = CTranslate2Engine.from_export(
+                    checkpoint, config, dev, precision, threads
+                )
+                translator = cls(None, src_tok, tgt_tok, config, checkpoint=Path(checkpoint), engine=ct2)
+                translator.sampling = sampling
+                return translator
+        else:
+            from nmt.device import resolve_device
 
-            ct2, src_tok, tgt_tok, config = CTranslate2Engine.from_export(checkpoint, config, dev, precision)
-            translator = cls(None, src_tok, tgt_tok, config, checkpoint=Path(checkpoint), engine=ct2)
-            translator.sampling = sampling
-            return translator
+            dev = resolve_device(device)
         choice = choose_inference_checkpoint(run_dir) if checkpoint is None else None
         path = Path(checkpoint) if choice is None else choice.path
-        state, stored = load_weights(path)
-        config = _inference_config(run_dir, config, stored, dev)
+        config = _inference_config(run_dir, config, read_config(path), dev.type)
         src_tok, tgt_tok = load_tokenizers(run_dir, config)
         if engine == "ctranslate2":
-            from nmt.decode.ct2 import CTranslate2Engine  # optional extra nmt[ctranslate2]
-
-            ct2 = CTranslate2Engine.from_checkpoint(run_dir, path, config, dev, precision)
+            ct2 = CTranslate2Engine.from_checkpoint(run_dir, path, config, dev, precision, threads)
             translator = cls(None, src_tok, tgt_tok, config, checkpoint=path, engine=ct2)
         else:
-            model = _load_model(config, state, src_tok.vocab_size, tgt_tok.vocab_size, path)
+            model = _load_model(config, src_tok.vocab_size, tgt_tok.vocab_size, path)
             if ensemble:
-                model = _ensemble(model, run_dir, config, ensemble, dev)
+                model = _ensemble(model, run_dir, config, ensemble, dev.type)
             translator = cls(model, src_tok, tgt_tok, config, dev, precision, path)  # the engine resolves 'auto'
         translator.sampling = sampling
         print(describe_checkpoint(path, choice.reason if choice else "named explicitly"), file=sys.stderr)
@@ -186,6 +174,7 @@ class Translator:
             engine=opts.engine,
             sampling=opts.sampling,
             ensemble=opts.ensemble,
+            threads=opts.threads,
         )
 
     # ----------------------------------------------------------------------- public API
@@ -334,23 +323,24 @@ class Translator:
         return found
 
 
-def _inference_config(run_dir: Path, config: Config | None, stored: Config, device: torch.device) -> Config:
-    """The run's config (or `config`) with the checkpoint's own model section, usable on `device`."""
+def _inference_config(run_dir: Path, config: Config | None, stored: Config, device_type: str) -> Config:
+    """The run's config (or `config`) with the checkpoint's own model section, usable on a
+    `device_type` ("cpu" | "cuda") device."""
     saved = run_dir / "config.yaml"
     if config is None:
         config = load_config(saved) if saved.is_file() else stored
     config = dataclasses.replace(config, model=dataclasses.replace(stored.model))
-    if config.model.attention == "flash" and device.type != "cuda":
+    if config.model.attention == "flash" and device_type != "cuda":
         config.model.attention = "auto"  # trained with flash on a GPU, decoded elsewhere
     return config
 
 
 def _ensemble(
-    first: torch.nn.Module, run_dir: Path, config: Config, paths: tuple[Path, ...], dev: torch.device
+    first: torch.nn.Module, run_dir: Path, config: Config, paths: tuple[Path, ...], device_type: str
 ) -> torch.nn.Module:
     """`first` and the models of `paths` as one `Ensemble`. Each member keeps its own shape (from
     its checkpoint); all must share the first model's vocabularies (files of the runs they belong to)."""
-    from nmt.checkpoint import load_weights
+    from nmt.checkpoint_files import read_config
     from nmt.model.ensemble import Ensemble, check_vocabularies
     from nmt.runs import checkpoint_run
 
@@ -359,20 +349,22 @@ def _ensemble(
 
     members, vocabs = [first], [vocab(run_dir)]
     for path in map(Path, paths):
-        state, stored = load_weights(path)
+        stored = read_config(path)
         vocabs.append(vocab(checkpoint_run(path, default=run_dir)))
         check_vocabularies(vocabs)
         sizes = (first.src_vocab, first.tgt_vocab)
-        members.append(_load_model(_inference_config(run_dir, config, stored, dev), state, *sizes, path))
+        members.append(_load_model(_inference_config(run_dir, config, stored, device_type), *sizes, path))
         print(f"ensemble member {len(members)}: {path}", file=sys.stderr)
     return Ensemble(members)
 
 
-def _load_model(config: Config, state: dict, src_vocab: int, tgt_vocab: int, path: Path) -> torch.nn.Module:
-    """The Transformer of `config` with the weights `state` (read from `path`)."""
+def _load_model(config: Config, src_vocab: int, tgt_vocab: int, path: Path) -> torch.nn.Module:
+    """The Transformer of `config` with the weights read from `path`."""
+    from nmt.checkpoint import load_weights
     from nmt.model.transformer import build_model
 
     model = build_model(config, src_vocab, tgt_vocab)
+    state, _ = load_weights(path)
     try:
         model.load_state_dict(state)
     except RuntimeError as e:

@@ -161,7 +161,7 @@ class Service:
         `auto_workers`): one in this process, or several in child processes that share the cores
         (cores // workers intra-op threads each, set after loading so that `--precision auto`
         resolves as for `nmt translate` and the answers equal what it prints); nmt/serve/workers.py."""
-        from nmt.device import available_cores
+        from nmt.decode.options import available_cores
 
         count = limits.batch.workers or auto_workers(opts)
         limits = replace(limits, batch=replace(limits.batch, workers=count))
@@ -243,7 +243,7 @@ class Service:
         }
 
     def info(self) -> dict[str, Any]:
-        from nmt.checkpoint import checkpoint_step
+        from nmt.checkpoint_files import checkpoint_step
 
         c, f = self.facts.config, self.facts
         step = None
@@ -271,7 +271,8 @@ def auto_workers(opts: Any) -> int:
     at most 4 (more workers split the same load into smaller batches; measured on 2 cores only);
     on a GPU 1 (its kernels already use the whole device), and with CTranslate2 1 (it keeps its
     own threads)."""
-    from nmt.device import available_cores, resolve_device
+    from nmt.decode.options import available_cores
+    from nmt.device import resolve_device
 
     if opts.engine != "native" or resolve_device(opts.device).type == "cuda":
         return 1

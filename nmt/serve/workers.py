@@ -81,8 +81,8 @@ class ModelHost:
 
         from nmt.decode.translator import Translator
 
-        if threads > 0 and opts.engine != "native":
-            torch.set_num_threads(threads)  # CTranslate2 takes its thread count when it loads (and has no probe)
+        if threads > 0:
+            opts = replace(opts, threads=threads)  # CTranslate2 takes its threads when it loads
         translator = Translator.from_options(opts)
         if threads > 0:
             torch.set_num_threads(threads)

@@ -143,7 +143,7 @@ def test_argos_splits_sentences_and_normalises_offline(package, tmp_path):
 
 
 def test_package_layout_and_metadata(trained_run, package):
-    from nmt.checkpoint import checkpoint_step, find_inference_checkpoint
+    from nmt.checkpoint_files import checkpoint_step, find_inference_checkpoint
 
     with zipfile.ZipFile(package) as zf:
         names = set(zf.namelist())

@@ -12,7 +12,7 @@ from synthetic import pairs
 
 from nmt.config import load_config
 from nmt.decode.backtranslate import PARTIAL, PROGRESS, BacktranslateOptions, backtranslate
-from nmt.decode.translator import InferenceOptions
+from nmt.decode.options import InferenceOptions
 from nmt.errors import NmtError
 
 pytestmark = pytest.mark.slow

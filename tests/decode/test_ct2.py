@@ -27,7 +27,7 @@ from nmt.errors import NmtError
 ctranslate2 = pytest.importorskip("ctranslate2", reason="optional extra nmt[ctranslate2] is not installed")
 
 from nmt.cli import app  # noqa: E402
-from nmt.decode import ct2  # noqa: E402  (after the skip: the module is only useful with the package)
+from nmt.decode import ct2, ct2_spec  # noqa: E402  (after the skip: the modules are only useful with the package)
 from nmt.decode.translator import Translator  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -71,7 +71,7 @@ def test_engines_agree_on_a_trained_model(trained_run):
 
 def test_sampling_maps_onto_ctranslate2s_options(trained_run):
     """top-k 1 is greedy in both engines; a seed reproduces CTranslate2's draws; a wide top-k samples."""
-    from nmt.decode.sampling import Sampling
+    from nmt.decode.options import Sampling
 
     src = _lines(trained_run, "valid.zh")[:40]
     fast = Translator.from_run(trained_run, precision="fp32", engine="ctranslate2")
@@ -171,7 +171,7 @@ def test_converted_log_probs_equal_the_model(trained_run, tmp_path, variant):
 
 
 def test_export_manifest_and_reuse(trained_run, tmp_path):
-    from nmt.checkpoint import checkpoint_step, find_inference_checkpoint
+    from nmt.checkpoint_files import checkpoint_step, find_inference_checkpoint
 
     out = ct2.export_run(ct2.ExportOptions(trained_run, output=tmp_path / "model"))
     manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
@@ -197,15 +197,15 @@ def test_engine_cache_follows_the_checkpoint(trained_run, tmp_path):
     shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("export", "eval"))
     config = load_config(run / "config.yaml")
     path = run / "checkpoints" / "best.safetensors"
-    engine = ct2.CTranslate2Engine.from_checkpoint(run, path, config, torch.device("cpu"), "fp32")
+    engine = ct2.CTranslate2Engine.from_checkpoint(run, path, config, ct2.Ct2Device("cpu"), "fp32")
     assert engine.model_dir == ct2.default_export_dir(run, path, None) and engine.model_dir.parent == run / "export"
     first = json.loads((engine.model_dir / "manifest.json").read_text())["inputs"]
-    again = ct2.CTranslate2Engine.from_checkpoint(run, path, config, torch.device("cpu"), "fp32")
+    again = ct2.CTranslate2Engine.from_checkpoint(run, path, config, ct2.Ct2Device("cpu"), "fp32")
     assert json.loads((again.model_dir / "manifest.json").read_text())["inputs"] == first
     steps = sorted((run / "checkpoints").glob("step_*.safetensors"))
     other = next(p for p in steps if p.read_bytes() != path.read_bytes())
     shutil.copyfile(other, path)  # another model under the same name
-    changed = ct2.CTranslate2Engine.from_checkpoint(run, path, config, torch.device("cpu"), "fp32")
+    changed = ct2.CTranslate2Engine.from_checkpoint(run, path, config, ct2.Ct2Device("cpu"), "fp32")
     assert json.loads((changed.model_dir / "manifest.json").read_text())["inputs"] != first
 
 
@@ -218,7 +218,7 @@ def test_quantized_export_loads_and_decodes(trained_run, tmp_path):
         ct2.export_run(ct2.ExportOptions(trained_run)) / "model.bin"
     ).stat().st_size
     native = Translator.from_run(trained_run, precision="fp32")
-    engine = ct2.CTranslate2Engine(out, native.config.decode, torch.device("cpu"), "auto")
+    engine = ct2.CTranslate2Engine(out, native.config.decode, ct2.Ct2Device("cpu"), "auto")
     assert engine.precision == "int8"
     quantized = Translator(None, native.src_tok, native.tgt_tok, native.config, engine=engine)
     src, ref = _lines(trained_run, "valid.zh"), _lines(trained_run, "valid.en")
@@ -227,7 +227,7 @@ def test_quantized_export_loads_and_decodes(trained_run, tmp_path):
 
 
 def test_precision_maps_to_compute_types():
-    cpu = torch.device("cpu")
+    cpu = ct2.Ct2Device("cpu")
     assert ct2.compute_type(cpu, "auto") == "default" and ct2.compute_type(cpu, "fp32") == "float32"
     assert ct2.compute_type(cpu, "int8") == "int8"
     if "bfloat16" in ctranslate2.get_supported_compute_types("cpu"):
@@ -237,6 +237,43 @@ def test_precision_maps_to_compute_types():
             ct2.compute_type(cpu, "bf16")
     with pytest.raises(NmtError, match="--precision 'fp8'"):
         ct2.compute_type(cpu, "fp8")
+
+
+def test_devices_are_named_without_torch(monkeypatch):
+    assert ct2.ct2_device("cpu") == ct2.Ct2Device("cpu") and str(ct2.ct2_device("cpu")) == "cpu"
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 0)
+    assert ct2.ct2_device("auto").type == "cpu"
+    with pytest.raises(NmtError, match=r"--device 'cuda:1': CTranslate2 sees 0 CUDA device"):
+        ct2.ct2_device("cuda:1")
+    with pytest.raises(NmtError, match=r"--device 'tpu': expected auto, cpu, cuda or cuda:N"):
+        ct2.ct2_device("tpu")
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 2)
+    assert ct2.ct2_device("auto") == ct2.Ct2Device("cuda", 0) and str(ct2.ct2_device("cuda:1")) == "cuda:1"
+
+
+def test_threads_follow_the_options_then_the_environment(trained_run, monkeypatch):
+    out = ct2.export_run(ct2.ExportOptions(trained_run))
+    decode = load_config(trained_run / "config.yaml").decode
+    assert ct2.CTranslate2Engine(out, decode, ct2.Ct2Device("cpu"), "fp32", threads=1).threads == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert ct2.CTranslate2Engine(out, decode, ct2.Ct2Device("cpu"), "fp32").threads == 1
+
+
+def test_translate_with_ctranslate2_never_imports_torch(trained_run):
+    """`nmt translate --engine ctranslate2` on a run with a fresh export: no PyTorch in the process
+    (`python -X importtime` lists every module imported), and the same output as in-process."""
+    ct2.export_run(ct2.ExportOptions(trained_run))  # the engine's cache for the run's checkpoint
+    src = _lines(trained_run, "valid.zh")[:3]
+    cmd = [sys.executable, "-X", "importtime", "-m", "nmt", "translate", "--run", str(trained_run)]
+    done = subprocess.run(
+        [*cmd, "--engine", "ctranslate2", "--precision", "fp32", *src], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
+    assert "ctranslate2" in imported and "sentencepiece" in imported  # the listing is real
+    assert not {m for m in imported if m == "torch" or m.startswith("torch.")}, "the ctranslate2 path imported torch"
+    expected = Translator.from_run(trained_run, engine="ctranslate2", precision="fp32").translate(src)
+    assert done.stdout.splitlines() == expected
 
 
 # --------------------------------------------------------------------------- refusals
@@ -253,7 +290,7 @@ def test_precision_maps_to_compute_types():
 def test_unrepresentable_options_are_refused(change, message):
     cfg = dataclasses.replace(ModelConfig(), **change)  # values the config loader would not accept today
     with pytest.raises(NmtError, match=message):
-        ct2.check_representable(cfg)
+        ct2_spec.check_representable(cfg)
 
 
 def test_unknown_model_option_is_refused():
@@ -262,8 +299,8 @@ def test_unknown_model_option_is_refused():
         alibi: bool = True
 
     with pytest.raises(NmtError, match="model.alibi: option unknown to the CTranslate2 exporter"):
-        ct2.check_representable(Newer())
-    ct2.check_representable(ModelConfig())  # today's options all export
+        ct2_spec.check_representable(Newer())
+    ct2_spec.check_representable(ModelConfig())  # today's options all export
 
 
 def test_parameter_without_counterpart_is_refused(trained_run, tmp_path):

@@ -13,7 +13,8 @@ from test_translator import make_tiny_run, synthetic_test_pairs, tatoeba_test_pa
 
 from nmt.config import load_config
 from nmt.decode.evaluate import EvalJob, evaluate_run, read_lines, score, score_by_code
-from nmt.decode.translator import DecodeStats, InferenceOptions
+from nmt.decode.options import InferenceOptions
+from nmt.decode.translator import DecodeStats
 from nmt.errors import NmtError
 
 pytestmark = pytest.mark.usefixtures("one_thread")

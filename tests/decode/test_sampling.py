@@ -8,7 +8,8 @@ import torch
 
 from nmt import EOS_ID, PAD_ID
 from nmt.config import ModelConfig
-from nmt.decode.sampling import Sampling, sample_tokens, sentence_keys, uniforms
+from nmt.decode.options import Sampling
+from nmt.decode.sampling import sample_tokens, sentence_keys, uniforms
 from nmt.decode.search import greedy_search
 from nmt.errors import NmtError
 from nmt.model.transformer import Transformer

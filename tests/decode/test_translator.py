@@ -318,7 +318,8 @@ def test_from_run_errors(tiny_run_dir, tmp_path):
 
 
 def test_translate_to_file(tiny_run_dir, tmp_path):
-    from nmt.decode.translator import InferenceOptions, translate_to
+    from nmt.decode.options import InferenceOptions
+    from nmt.decode.translator import translate_to
 
     src = tmp_path / "in.zh"
     src.write_text("我们在这里。\n\n猫在桌子上。\n", encoding="utf-8")

@@ -20,10 +20,13 @@ pytest.importorskip("fastapi", reason="nmt serve needs the serve extra (fastapi,
 from fastapi.testclient import TestClient  # noqa: E402
 from serving import alive, child_pids, interrupt, request, start_server, stop  # noqa: E402
 
-from nmt.checkpoint import read_metadata  # noqa: E402
+from nmt.checkpoint_files import read_metadata  # noqa: E402
 from nmt.config import load_config  # noqa: E402
-from nmt.decode.translator import InferenceOptions, Translator  # noqa: E402
-from nmt.device import available_cores  # noqa: E402
+from nmt.decode.options import (
+    InferenceOptions,  # noqa: E402
+    available_cores,  # noqa: E402
+)
+from nmt.decode.translator import Translator  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
 from nmt.serve.app import ServeLimits, Service, auto_workers, create_app  # noqa: E402
 from nmt.serve.batcher import BatchLimits, Decoding  # noqa: E402

@@ -78,7 +78,8 @@ def test_a_model_without_cross_attention_is_a_clear_error():
 
 
 def test_attention_map_of_a_trained_run(tiny_run):
-    from nmt.decode.translator import InferenceOptions, Translator
+    from nmt.decode.options import InferenceOptions
+    from nmt.decode.translator import Translator
 
     translator = Translator.from_options(InferenceOptions(run_dir=tiny_run, precision="fp32"))
     source = "他们买了七只红色的猫。"
@@ -102,7 +103,8 @@ def test_attention_map_of_a_trained_run(tiny_run):
 def test_a_placeholder_column_is_labelled_with_the_span_it_stands_for(tiny_run):
     """The page's fonts cannot draw ⦅0⦆: its column shows the pass-through span instead."""
     from nmt.data.passthrough import PLACEHOLDERS
-    from nmt.decode.translator import InferenceOptions, Translator
+    from nmt.decode.options import InferenceOptions
+    from nmt.decode.translator import Translator
 
     translator = Translator.from_options(InferenceOptions(run_dir=tiny_run, precision="fp32"))
     if translator.masker is None:

@@ -18,7 +18,8 @@ pytest.importorskip("fastapi", reason="nmt serve needs the serve extra (fastapi,
 from fastapi.testclient import TestClient  # noqa: E402
 from serving import start_server, stop  # noqa: E402
 
-from nmt.decode.translator import InferenceOptions, Translator  # noqa: E402
+from nmt.decode.options import InferenceOptions  # noqa: E402
+from nmt.decode.translator import Translator  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
 from nmt.serve.app import ServeLimits, Service, create_app  # noqa: E402
 from nmt.serve.batcher import BatchLimits  # noqa: E402

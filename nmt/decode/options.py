@@ -1,0 +1,72 @@
+"""What a command decodes with, as plain settings (no PyTorch): which model of a run, on which
+engine, device and precision, and how it searches (`InferenceOptions`) or samples (`Sampling`).
+
+One object for every way in (CLI, server, scripts); `nmt.decode.translator.Translator.from_options`
+turns it into a working translator.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from nmt.errors import NmtError
+
+ENGINES = ("native", "ctranslate2")
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; every core where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def cpu_threads(threads: int = 0) -> int:
+    """Intra-op threads of a decoding engine: `threads`, else $OMP_NUM_THREADS (as PyTorch reads
+    it), else every available core."""
+    if threads > 0:
+        return threads
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    return int(env) if env.isdigit() and int(env) > 0 else available_cores()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """How to sample: `topk` most probable tokens (0 = the whole distribution), nucleus `topp`
+    in (0, 1], `temperature` > 0 (below 1 sharper, above 1 flatter), `seed` for the draws."""
+
+    topk: int = 0
+    topp: float = 1.0
+    temperature: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.topk < 0:
+            raise NmtError(f"--sample-topk {self.topk}: must be >= 0 (0 = the whole distribution)")
+        if not (0.0 < self.topp <= 1.0) or math.isnan(self.topp):
+            raise NmtError(f"--sample-topp {self.topp}: must be in (0, 1]")
+        if not (self.temperature > 0.0 and math.isfinite(self.temperature)):
+            raise NmtError(f"--temperature {self.temperature}: must be a finite number > 0")
+        if self.seed < 0:
+            raise NmtError(f"--seed {self.seed}: must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InferenceOptions:
+    """Which model of a run, and how it decodes: one object for translate, eval and serve."""
+
+    run_dir: Path | None = None  # None: the newest run under runs/ with a model (nmt.runs.newest_model_run)
+    checkpoint: Path | None = None  # None: the run's inference checkpoint (nmt.checkpoint_files)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: str = "auto"  # auto | fp32 | bf16 | int8 (native engine)
+    engine: str = "native"  # native | ctranslate2
+    beam: int | None = None  # None: decode.beam of the run's config
+    nbest: int = 1
+    len_penalty: float | None = None  # None: decode.len_penalty
+    sampling: Sampling | None = None  # draw tokens (top-k / top-p / temperature, seeded) instead of searching
+    ensemble: tuple[Path, ...] = ()  # more checkpoints decoded with `checkpoint` as one model (native engine)
+    threads: int = 0  # CPU threads of the CTranslate2 engine, fixed when it loads (0: `cpu_threads`)

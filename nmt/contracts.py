@@ -2,7 +2,7 @@
 training asks a model whether it can do, what the `Translator` needs of an engine and a tokenizer.
 
 `nmt.model.transformer.Transformer` is the model, `nmt.decode.engines.NativeEngine` and
-`nmt.decode.ct2.CTranslate2Engine` are the engines, `nmt.data.vocab.Tokenizer` is the tokenizer;
+`nmt.decode.ct2.CTranslate2Engine` are the engines, `nmt.data.tokenizer.Tokenizer` is the tokenizer;
 tests drive the searches with small stand-ins that keep the same contracts (a model whose
 output is its input, a model that counts its calls). Nothing here is imported at run time by
 those classes: a protocol is satisfied by shape, not by inheritance.
@@ -79,7 +79,7 @@ class Engine(Protocol):
 
 
 class Tokenizer(Protocol):
-    """One side's SentencePiece model (`nmt.data.vocab.Tokenizer`)."""
+    """One side's SentencePiece model (`nmt.data.tokenizer.Tokenizer`)."""
 
     def encode(self, text: str) -> list[int]: ...
 

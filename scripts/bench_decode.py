@@ -21,7 +21,10 @@ limit, outputs cut to each sentence's own limit), as a CTranslate2 user would ca
 from __future__ import annotations
 
 import argparse
+import collections
 import random
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,6 +55,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--export-dir", type=Path, default=None, help="CTranslate2 export (default: the run's cache)")
     p.add_argument("--ct2-engine", action="store_true", help="time nmt's CTranslate2 engine, not whole batches")
+    p.add_argument("--breakdown", type=int, default=50, help="sentences for the batch-1 step breakdown (0: none)")
+    p.add_argument("--cli-repeats", type=int, default=5, help="runs of `nmt translate` per engine (0: none)")
     return p.parse_args()
 
 
@@ -70,7 +75,7 @@ def ct2_engine(args: argparse.Namespace, native: Translator, precision: str) -> 
     out = args.export_dir / native.checkpoint.stem if args.export_dir else None
     model_dir = ct2.ensure_export(source, out, None)
     cls = ct2.CTranslate2Engine if args.ct2_engine else _whole_batches(ct2.CTranslate2Engine)
-    return cls(model_dir, native.config.decode, torch.device("cpu"), precision)
+    return cls(model_dir, native.config.decode, ct2.Ct2Device("cpu"), precision, args.threads)
 
 
 def _whole_batches(base: type) -> type:
@@ -164,6 +169,102 @@ def main() -> None:
                     f"| {bleu[row]:.2f} |",
                     flush=True,
                 )
+    if args.breakdown:
+        breakdown(live, src[: args.breakdown], args.beam)
+    if args.cli_repeats:
+        cli_latency(args)
+
+
+class Clock:
+    """Wall time and calls of wrapped methods, by label (instance attributes shadow the methods)."""
+
+    def __init__(self) -> None:
+        self.seconds: collections.Counter = collections.Counter()
+        self.calls: collections.Counter = collections.Counter()
+
+    def wrap(self, obj: object, name: str, label: str) -> None:
+        fn = getattr(obj, name)
+
+        def timed(*a, **k):  # noqa: ANN002, ANN003, ANN202
+            start = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.seconds[label] += time.perf_counter() - start
+                self.calls[label] += 1
+
+        setattr(obj, name, timed)
+
+    def unwrap(self, obj: object, name: str) -> None:
+        delattr(obj, name)
+
+
+PARTS = (("self_attn", "self_step", "self-attention"), ("cross_attn", "cross_step", "cross-attention"))
+
+
+def breakdown(live: dict[str, Translator], src: list[str], beam: int) -> None:
+    """At batch 1: wall time per output token (every engine), and for the native engine its time
+    per decoder step split into the model's step (its parts) and the search around it."""
+    print(
+        "\n| engine | precision | search | ms per output token | steps | model step ms | self-attn | cross-attn "
+        "| FFN | output layer | search bookkeeping ms | encoder ms/sentence |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row, tr in live.items():
+        model = getattr(tr.engine, "model", None)
+        native = model is not None and hasattr(model, "decoder")
+        for search, b in ((f"beam {beam}", beam), ("greedy", 1)):
+            tr.config.decode.batch_size = 1
+            clock, wrapped = Clock(), []
+            if native:
+                targets = [(model, "encode", "encode"), (model, "decode_step", "step"), (model, "_logits", "logits")]
+                for layer in model.decoder.layers:
+                    targets += [(getattr(layer, attr), meth, label) for attr, meth, label in PARTS]
+                    targets.append((layer.ffn, "forward", "ffn"))
+                for obj, name, label in targets:
+                    clock.wrap(obj, name, label)
+                    wrapped.append((obj, name))
+            start = time.perf_counter()
+            hyps = tr.translate(src, beam=b)
+            total = time.perf_counter() - start
+            for obj, name in wrapped:
+                clock.unwrap(obj, name)
+            tokens = sum(len(tr.tgt_tok.encode(h)) + 1 for h in hyps)
+            cells = [row.split(":")[0], tr.precision, search, f"{1e3 * total / tokens:.3f}"]
+            if native:
+                steps, sec = clock.calls["step"], clock.seconds
+                ms = [1e3 * sec[k] / steps for k in ("step", "self-attention", "cross-attention", "ffn", "logits")]
+                rest = 1e3 * (total - sec["encode"] - sec["step"]) / steps
+                cells += [str(steps), *(f"{m:.3f}" for m in ms), f"{rest:.3f}", f"{1e3 * sec['encode'] / len(src):.2f}"]
+            print("| " + " | ".join(cells + [""] * (12 - len(cells))) + " |", flush=True)
+
+
+def cli_latency(args: argparse.Namespace) -> None:
+    """Process start to output of `nmt translate "我爱 AI"`, p50 over interleaved repetitions."""
+    py, text = sys.executable, "我爱 AI"
+    nmt = [py, "-m", "nmt", "translate", "--run", str(args.run), text]
+    commands = {
+        "python -c pass": [py, "-c", "pass"],
+        'python -c "import torch"': [py, "-c", "import torch"],
+        "nmt translate --engine ctranslate2": [*nmt, "--engine", "ctranslate2"],
+        "nmt translate (native, --precision auto)": nmt,
+        "nmt translate (native, --precision fp32)": [*nmt, "--precision", "fp32"],
+    }
+    for cmd in commands.values():  # warm the page cache and nmt's probe cache once
+        subprocess.run(cmd, capture_output=True, check=True)
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(args.cli_repeats):
+        for name, cmd in commands.items():
+            start = time.perf_counter()
+            subprocess.run(cmd, capture_output=True, check=True)
+            times[name].append(time.perf_counter() - start)
+    p50 = {name: statistics.median(t) for name, t in times.items()}
+    torch_import = p50['python -c "import torch"']
+    print(f"\n| command (p50 of {args.cli_repeats}) | seconds | over `import torch` |")
+    print("|---|---:|---:|")
+    for name, t in p50.items():
+        over = f"{t - torch_import:+.2f}" if name.startswith("nmt translate (native") else ""
+        print(f"| {name} | {t:.2f} | {over} |")
 
 
 if __name__ == "__main__":

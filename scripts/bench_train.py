@@ -79,7 +79,7 @@ def run_one(args: argparse.Namespace, variant: str) -> dict:
     """Train one variant in this process; return its measurements."""
     from nmt.data.batching import TokenBatchSampler, load_batch
     from nmt.data.encoded import ParallelSplit
-    from nmt.data.vocab import load_tokenizers
+    from nmt.data.tokenizer import load_tokenizers
     from nmt.model.transformer import build_model
     from nmt.train.update import Trainer
 

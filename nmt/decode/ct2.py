@@ -122,7 +122,7 @@ def _resolve_source(run_dir: Path, checkpoint: Path | None, config: Config | Non
     """The checkpoint (default: final > best > latest), config and vocabularies of a run, as
     `Translator.from_run` finds them; the weights themselves are read only when converting."""
     from nmt.checkpoint_files import find_inference_checkpoint, read_metadata
-    from nmt.data.vocab import load_tokenizers
+    from nmt.data.tokenizer import load_tokenizers
 
     run_dir = Path(run_dir)
     path = Path(checkpoint) if checkpoint is not None else find_inference_checkpoint(run_dir)
@@ -324,7 +324,7 @@ class CTranslate2Engine:
         """An exported directory (`nmt export`) on its own: (engine, source tokenizer, target
         tokenizer, config). The config is `config` (normalisation, decode settings) with the model
         section of the export's manifest; without `config`, the manifest's whole config."""
-        from nmt.data.vocab import Tokenizer
+        from nmt.data.tokenizer import Tokenizer
 
         require_ctranslate2()
         model_dir = Path(model_dir)

@@ -119,7 +119,7 @@ class Translator:
         Says on stderr which checkpoint (path, step, why) it loaded.
         """
         from nmt.checkpoint_files import choose_inference_checkpoint, describe_checkpoint, read_config
-        from nmt.data.vocab import load_tokenizers
+        from nmt.data.tokenizer import load_tokenizers
 
         run_dir = Path(run_dir)
         if engine not in ENGINES:

@@ -123,7 +123,7 @@ class TrainData:
         )  # fmt: skip
         src_tok = tgt_tok = validator = None
         if (run_dir / "vocab").is_dir():
-            from nmt.data.vocab import load_tokenizers
+            from nmt.data.tokenizer import load_tokenizers
 
             src_tok, tgt_tok = load_tokenizers(run_dir, config)
         if info.is_main:

@@ -219,7 +219,7 @@ def test_vocab_trains_and_encodes_masked_pairs_and_keeps_the_corpus_raw(syntheti
 
     from nmt.config import load_config
     from nmt.data.encoded import ParallelSplit
-    from nmt.data.vocab import load_tokenizers
+    from nmt.data.tokenizer import load_tokenizers
 
     config = load_config(synthetic_run / "config.yaml")
     stats = json.loads((synthetic_run / "vocab.stamp.json").read_text(encoding="utf-8"))["report"]["passthrough"]

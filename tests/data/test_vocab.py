@@ -16,7 +16,8 @@ from nmt.data.corpus import prepare_corpus
 from nmt.data.encoded import ParallelSplit
 from nmt.data.normalize import normalize_source, normalize_target
 from nmt.data.passthrough import PLACEHOLDERS, Detector, mask_pair
-from nmt.data.vocab import Tokenizer, build_vocab, load_tokenizers
+from nmt.data.tokenizer import Tokenizer, load_tokenizers
+from nmt.data.vocab import build_vocab
 from nmt.errors import NmtError
 
 

@@ -166,7 +166,7 @@ class CopyModel:
 
 @pytest.fixture
 def copy_translator(tiny_run_dir):
-    from nmt.data.vocab import load_tokenizers
+    from nmt.data.tokenizer import load_tokenizers
     from nmt.decode.translator import Translator
 
     config = load_config(tiny_run_dir / "config.yaml")

@@ -369,7 +369,8 @@ def test_bf16_and_fp32_reach_similar_loss(tmp_path):
 def test_overfits_32_validation_pairs(tmp_path, any_mirror):
     from nmt.data.corpus import prepare_corpus
     from nmt.data.encoded import ParallelSplit
-    from nmt.data.vocab import build_vocab, load_tokenizers
+    from nmt.data.tokenizer import load_tokenizers
+    from nmt.data.vocab import build_vocab
     from nmt.model.transformer import build_model
     from nmt.train.validation import Validator
 

@@ -445,7 +445,12 @@ def serve(
 def backtranslate(
     run: RunOpt = None,
     mono: Annotated[
-        Path, typer.Option("--mono", help="Monolingual text: a file, or a directory with train.<lang>.")
+        str,
+        typer.Option(
+            "--mono",
+            help="Monolingual text: a file, a directory with train.<lang>, or a hub dataset of text rows "
+            "hub:NAME?config=C&split=S&column=K&limit=N.",
+        ),
     ] = ...,
     output: Annotated[Path, typer.Option("--output", "-o", help="Mirror directory to write (train.jsonl).")] = ...,
     checkpoint: CheckpointsOpt = None,

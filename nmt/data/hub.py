@@ -106,3 +106,20 @@ def read_hub(
         raise
     except Exception as e:  # network, missing files, authentication: all fixed by the user
         raise NmtError(f"{where}: could not load ({_one_line(e)}); {MIRROR_HINT}") from None
+
+
+def stream_rows(dataset: str, config: str | None, split: str) -> Iterator[object]:
+    """The rows of one hub split, streamed (for text that is not a translation recipe, e.g. the
+    monolingual text of back-translation); failures are one NmtError line naming the dataset."""
+    where = f"hub dataset {dataset} ({config or 'default'}, {split})"
+    check_reachable(dataset)
+    for key, value in HUB_TIMEOUTS.items():
+        os.environ.setdefault(key, value)
+    try:
+        import datasets
+
+        yield from datasets.load_dataset(dataset, config, split=split, streaming=True)
+    except NmtError:
+        raise
+    except Exception as e:  # network, missing files, authentication: all fixed by the user
+        raise NmtError(f"{where}: could not load ({_one_line(e)}); {MIRROR_HINT}") from None

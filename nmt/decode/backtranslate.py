@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nmt.data.mono import mono_file, read_mono
+from nmt.data.mono import HubText, mono_source, read_mono
 from nmt.decode.options import InferenceOptions
 from nmt.decode.translator import Translator
 from nmt.errors import NmtError
@@ -42,7 +42,7 @@ class BacktranslateOptions:
     """The reverse model and how it decodes (`inference`), the monolingual text, the output folder."""
 
     inference: InferenceOptions
-    mono: Path
+    mono: Path | str  # a file, a mirror directory, or hub:NAME?... (nmt.data.mono)
     output: Path
     chunk: int = 500  # sentences translated between two progress records
 
@@ -55,7 +55,7 @@ def backtranslate(opts: BacktranslateOptions, on_chunk: Callable[[int, int], Non
     translator = Translator.from_options(opts.inference)
     data, run_dir = translator.config.data, checkpoint_run(translator.checkpoint)
     real, synthetic = data.src_lang, data.tgt_lang
-    path = mono_file(opts.mono, real)
+    path = mono_source(opts.mono, real)
     text = read_mono(path, data, held_out=_references(run_dir, real))
     print(f"monolingual: {path}: {_describe(text.report())}", file=sys.stderr)
     out = Path(opts.output)
@@ -117,9 +117,11 @@ def _stored(path: Path) -> dict:
         return {}
 
 
-def _fingerprint(path: Path, translator: Translator, inference: InferenceOptions) -> str:
-    h = hashlib.sha256()
-    for file in (Path(path), Path(translator.checkpoint)):
+def _fingerprint(path: Path | HubText, translator: Translator, inference: InferenceOptions) -> str:
+    h = hashlib.sha256(str(path).encode() if isinstance(path, HubText) else b"")  # a hub split: by its name
+    for file in (
+        (Path(translator.checkpoint),) if isinstance(path, HubText) else (Path(path), Path(translator.checkpoint))
+    ):
         file = file / "manifest.json" if file.is_dir() else file  # an `nmt export` directory
         with open(file, "rb") as f:
             for block in iter(lambda f=f: f.read(1 << 20), b""):

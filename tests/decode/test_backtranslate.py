@@ -71,6 +71,21 @@ def test_pairs_are_the_kept_lines_in_order_with_the_real_side_verbatim(reverse_r
     assert again["fingerprint"] == stats["fingerprint"]
 
 
+def test_a_hub_dataset_of_text_rows_is_backtranslated_like_a_file(reverse_run, mono, tmp_path, monkeypatch):
+    """`--mono hub:NAME?column=text` through `datasets.load_dataset` (faked, with the rows
+    schema of a text dataset such as Salesforce/wikitext): the same pairs as the same lines in a file."""
+    import datasets
+
+    folder, _, _ = mono
+    lines = (folder / "train.en").read_text(encoding="utf-8").splitlines()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: iter([{"text": f" {x} \n"} for x in lines]))
+    from_hub = backtranslate(options(reverse_run, "hub:some/text?column=text", tmp_path / "hub"))
+    from_file = backtranslate(options(reverse_run, folder, tmp_path / "file"))
+    assert read_pairs(tmp_path / "hub" / "train.jsonl") == read_pairs(tmp_path / "file" / "train.jsonl")
+    assert from_hub["dropped"] == from_file["dropped"] and from_hub["source"] == "hub:some/text?split=train&column=text"
+
+
 def test_a_killed_run_resumes_without_duplicating_or_losing_lines(reverse_run, mono, tmp_path):
     folder, _, _ = mono
     whole = tmp_path / "whole"

@@ -257,6 +257,7 @@ class Service:
             "checkpoint": f.checkpoint,
             "step": step,
             "config": {"name": c.name, "corpus": c.data.corpus, **model, "max_positions": m.max_positions},
+            "languages": {"source": c.data.src_lang, "target": c.data.tgt_lang},  # data.direction
             "vocab": {"src": f.src_vocab, "tgt": f.tgt_vocab},
             "decoding": {**asdict(self.default), **self.engine_info},
             "limits": {k: v for k, v in asdict(self.limits).items() if k != "batch"},

@@ -73,6 +73,7 @@ def post(client, path: str, body) -> tuple[int, dict]:
 def test_health_info_and_page(client, run):
     assert client.get("/health").json()["status"] == "ok"
     info = client.get("/info").json()
+    assert info["languages"] == {"source": "zh", "target": "en"}  # data.direction of the tiny run
     config = load_config(run / "config.yaml")
     assert info["step"] == int(read_metadata(Path(info["checkpoint"]))["step"])
     assert info["config"]["d_model"] == config.model.d_model and info["decoding"]["beam"] == config.decode.beam

@@ -91,3 +91,27 @@ def test_bad_input_shows_the_servers_error(server, page):
     page.fill("#source", "我" * 2100)  # over the server's --max-chars (2000)
     page.click("#go")
     sync_api.expect(page.locator("#error")).to_contain_text("the limit is 2000")
+
+
+def test_the_page_follows_the_runs_direction(server, page):
+    """An en→zh run (its /info, rewritten here): header, title, prompt, input language and the
+    empty-input message follow `languages`."""
+
+    def as_en_zh(route):
+        response = route.fetch()
+        info = response.json()
+        info["languages"] = {"source": "en", "target": "zh"}
+        route.fulfill(response=response, json=info)
+
+    page.route("**/info", as_en_zh)
+    try:
+        page.goto(f"http://127.0.0.1:{server}/")
+        page.wait_for_function("document.getElementById('direction').textContent === 'English → 中文'")
+        assert page.title() == "nmt · English → 中文"
+        assert page.get_attribute("#source", "lang") == "en"
+        assert page.get_attribute("#source", "placeholder").startswith("English text")
+        page.fill("#source", "")
+        page.click("#go")
+        assert page.text_content("#error") == "Type an English sentence first."
+    finally:
+        page.unroute("**/info")

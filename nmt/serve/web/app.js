@@ -23,6 +23,24 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+// The run's direction (data.direction), from /info; the page starts as zh → en until it answers.
+const LANGUAGES = {
+  zh: { name: "中文", prompt: "输入中文，一行一句。 (Ctrl+Enter translates)", empty: "Type a Chinese sentence first." },
+  en: { name: "English", prompt: "English text, one sentence per line. (Ctrl+Enter translates)",
+        empty: "Type an English sentence first." },
+};
+let languages = { source: "zh", target: "en" };
+
+function applyLanguages(found) {
+  if (!found || !LANGUAGES[found.source] || !LANGUAGES[found.target]) return;
+  languages = found;
+  const src = LANGUAGES[found.source], tgt = LANGUAGES[found.target];
+  $("direction").textContent = `${src.name} → ${tgt.name}`;
+  document.title = `nmt · ${src.name} → ${tgt.name}`;
+  $("source").placeholder = src.prompt;
+  $("source").lang = found.source;
+}
+
 const fmt = (x, digits = 2) => (x === null || x === undefined ? "–" : Number(x).toFixed(digits));
 
 // ------------------------------------------------------------------ translate view
@@ -35,7 +53,7 @@ function showError(message) {
 async function translate(event) {
   event.preventDefault();
   const lines = $("source").value.split("\n").map((s) => s.trim()).filter((s) => s);
-  if (!lines.length) return showError("Type a Chinese sentence first.");
+  if (!lines.length) return showError(LANGUAGES[languages.source].empty);
   const beam = Number($("beam").value);
   const nbest = Math.min(Number($("nbest").value), beam);
   showError("");
@@ -60,10 +78,10 @@ function renderResults(lines, translations) {
   list.replaceChildren();
   translations.forEach((entry, i) => {
     const hyps = entry.nbest || [{ text: entry.text, score: entry.score }];
-    const item = el("li", { class: "result" }, el("div", { class: "src", lang: "zh" }, lines[i]));
+    const item = el("li", { class: "result" }, el("div", { class: "src", lang: languages.source }, lines[i]));
     hyps.forEach((hyp, rank) => {
       const row = el("div", { class: rank === 0 ? "hyp best" : "hyp", title: "show the cross-attention map" },
-        el("span", { class: "text" }, hyp.text), el("span", { class: "score" }, fmt(hyp.score, 3)));
+        el("span", { class: "text", lang: languages.target }, hyp.text), el("span", { class: "score" }, fmt(hyp.score, 3)));
       row.addEventListener("click", () => selectHypothesis(row, lines[i], hyp.text));
       item.append(row);
     });
@@ -138,7 +156,8 @@ async function loadRun() {
   const rows = [
     ["model", info.model], ["checkpoint", info.checkpoint], ["step", info.step],
     ["architecture", Object.entries(info.config).map(([k, v]) => `${k} ${v}`).join(", ")],
-    ["vocabularies", `zh ${info.vocab.src}, en ${info.vocab.tgt}`],
+    ["direction", `${languages.source} → ${languages.target}`],
+    ["vocabularies", `${languages.source} ${info.vocab.src}, ${languages.target} ${info.vocab.tgt}`],
     ["decoding", Object.entries(info.decoding).map(([k, v]) => `${k} ${v}`).join(", ")],
   ];
   $("info").replaceChildren(...rows.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, String(v ?? "–")))));
@@ -201,6 +220,7 @@ async function start() {
   });
   try {
     const info = await api("/info");
+    applyLanguages(info.languages);
     $("model").textContent = `${info.model} · ${info.decoding.engine} ${info.decoding.precision} on ${info.decoding.device}`;
     $("beam").value = info.decoding.beam;
     $("beam").max = info.limits.max_beam;

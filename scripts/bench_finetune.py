@@ -71,7 +71,8 @@ def main() -> None:
         f"train.max_time={a.minutes * 60:.0f}s",
     )
     seconds = time.monotonic() - start
-    after = json.loads((run / "eval" / "test.json").read_text())
+    nmt("eval", "-r", str(run), "--src", src, "--ref", ref, "--name", "ft-after")  # the same text as before
+    after = json.loads((run / "eval" / "ft-after.json").read_text())
     print(
         f"\nfine-tuning {a.init} on newsdev2017[:{a.train_lines}] for train.max_time={a.minutes:g} min "
         f"(pipeline {seconds / 60:.1f} min); newstest2018, first {a.test_lines or 'all'} sentences, beam 5"

@@ -22,6 +22,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help text is plain: "nmt[serve]" must not be read as markup
     help="Chinese↔English neural machine translation (data.direction zh-en | en-zh): "
     "download → vocab → train → translate/eval.",
 )

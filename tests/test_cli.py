@@ -28,6 +28,12 @@ def test_help_lists_every_command():
         assert command in result.output
 
 
+def test_help_shows_extras_in_brackets_verbatim():
+    """Help text is not rich markup: `nmt[ctranslate2]` and `nmt[serve]` keep their brackets."""
+    assert "nmt[ctranslate2]" in invoke("translate", "--help").output
+    assert "nmt[serve]" in " ".join(invoke("serve", "--help").output.split())
+
+
 @pytest.mark.parametrize(
     ("yaml_text", "expected"),
     [

@@ -6,6 +6,7 @@ A user mistake (`NmtError`) is printed as one line on stderr with exit code 1.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import os
@@ -65,7 +66,14 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cu
 PrecisionOpt = Annotated[
     str, typer.Option("--precision", help="auto | fp32 | bf16 | int8 (native engine; auto = fastest measured here)")
 ]
-EngineOpt = Annotated[str, typer.Option("--engine", help="native | ctranslate2 (needs nmt[ctranslate2])")]
+EngineOpt = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        help="native | ctranslate2 (needs nmt[ctranslate2]) | auto (ctranslate2 where the model has a current "
+        "export: nmt export, or an earlier --engine ctranslate2; else native)",
+    ),
+]
 TopkOpt = Annotated[
     int | None, typer.Option("--sample-topk", help="Sample from the K most probable tokens (0 = all) instead of beam.")
 ]
@@ -186,7 +194,7 @@ def translate(
     len_penalty: Annotated[float | None, typer.Option("--len-penalty")] = None,
     device: DeviceOpt = "auto",
     precision: PrecisionOpt = "auto",
-    engine: EngineOpt = "native",
+    engine: EngineOpt = "auto",
     attention: Annotated[
         Path | None, typer.Option("--attention", help="Also write a cross-attention heatmap per sentence: DIR/<n>.png.")
     ] = None,
@@ -218,6 +226,8 @@ def translate(
     if attention is not None:
         from nmt.serve.plot import translate_with_attention
 
+        if engine == "auto":
+            opts = dataclasses.replace(opts, engine="native")  # attention weights come from the native model
         if nbest > 1:
             raise NmtError("--attention draws the best translation of each line; drop --nbest")
 

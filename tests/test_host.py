@@ -165,7 +165,7 @@ def test_cli_translate_and_eval_on_simulated_hosts(tiny_run, monkeypatch, preset
 
     simulate(monkeypatch, preset)
     runner = CliRunner()
-    result = runner.invoke(app, ["translate", "--run", str(tiny_run), *LINES])
+    result = runner.invoke(app, ["translate", "--run", str(tiny_run), "--engine", "native", *LINES])
     assert result.exit_code == 0, result.output
     assert len(result.stdout.strip().splitlines()) == 3
     result = runner.invoke(app, ["eval", "--run", str(tiny_run), "--split", "valid"])
@@ -176,7 +176,9 @@ def test_cli_refuses_a_precision_the_host_cannot_run_in_one_line(tiny_run, monke
     from nmt.cli import app
 
     simulate(monkeypatch, "matmul-bf16")
-    result = CliRunner().invoke(app, ["translate", "--run", str(tiny_run), "--precision", "bf16", "你好"])
+    result = CliRunner().invoke(
+        app, ["translate", "--run", str(tiny_run), "--engine", "native", "--precision", "bf16", "你好"]
+    )
     assert result.exit_code == 1
     assert result.stderr.startswith("error: --precision bf16: this CPU") and result.stderr.count("\n") == 1
 

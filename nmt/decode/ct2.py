@@ -229,6 +229,16 @@ def ensure_export(src: _Source, output: Path | None, quantization: str | None) -
         raise NmtError(f"{out}: cannot write ({e.strerror or e}); {hint}") from None
 
 
+def fresh_export(run_dir: Path, checkpoint: Path) -> Path | None:
+    """The engine's cached float32 export of `checkpoint` when it exists and is current, else None
+    (nothing is converted; no PyTorch)."""
+    if ctranslate2 is None:
+        return None
+    src = _resolve_source(run_dir, checkpoint)
+    out = default_export_dir(src.run_dir, src.checkpoint, None)
+    return out if is_fresh(out, _digest(src, None)) else None
+
+
 def export_run(opts: ExportOptions) -> Path:
     """The CTranslate2 export directory of a run's checkpoint, written or reused; returns its path.
     (`nmt export` goes through `nmt.decode.export`, which also knows the Argos package.)"""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nmt.errors import NmtError
 
-ENGINES = ("native", "ctranslate2")
+ENGINES = ("native", "ctranslate2", "auto")  # auto: `nmt.decode.translator.choose_engine`
 
 
 def available_cores() -> int:
@@ -63,7 +63,7 @@ class InferenceOptions:
     checkpoint: Path | None = None  # None: the run's inference checkpoint (nmt.checkpoint_files)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "auto"  # auto | fp32 | bf16 | int8 (native engine)
-    engine: str = "native"  # native | ctranslate2
+    engine: str = "native"  # native | ctranslate2 | auto
     beam: int | None = None  # None: decode.beam of the run's config
     nbest: int = 1
     len_penalty: float | None = None  # None: decode.len_penalty

@@ -124,6 +124,10 @@ class Translator:
         run_dir = Path(run_dir)
         if engine not in ENGINES:
             raise NmtError(f"--engine {engine!r}: expected one of {' | '.join(ENGINES)}")
+        chosen = ""
+        if engine == "auto":
+            engine = choose_engine(run_dir, checkpoint, ensemble)
+            chosen = f"; --engine auto: {engine}"
         if ensemble and engine != "native":
             raise NmtError(f"--checkpoint more than once: ensembles decode with the native engine, not {engine}")
         if engine == "ctranslate2":  # no PyTorch on this path: start-up in a fraction of a second
@@ -156,7 +160,7 @@ class Translator:
                 model = _ensemble(model, run_dir, config, ensemble, dev.type)
             translator = cls(model, src_tok, tgt_tok, config, dev, precision, path)  # the engine resolves 'auto'
         translator.sampling = sampling
-        print(describe_checkpoint(path, choice.reason if choice else "named explicitly"), file=sys.stderr)
+        print(describe_checkpoint(path, choice.reason if choice else "named explicitly") + chosen, file=sys.stderr)
         return translator
 
     @classmethod
@@ -321,6 +325,22 @@ class Translator:
             self.stats.src_tokens += sum(len(s) + 1 for s in seqs)
             self.stats.tgt_tokens += sum(len(f[0][0]) for f in found if f)
         return found
+
+
+def choose_engine(run_dir: Path, checkpoint: Path | None, ensemble: tuple[Path, ...] = ()) -> str:
+    """`--engine auto`: "ctranslate2" where the package is installed, the model to load is an
+    export directory or has a current export in the run's cache (`nmt export`, or an earlier
+    `--engine ctranslate2`), and nothing native-only (an ensemble) is asked; else "native".
+    Nothing is converted here: a run without an export decodes natively at once."""
+    from nmt.checkpoint_files import find_inference_checkpoint
+    from nmt.decode.ct2 import ctranslate2, fresh_export
+
+    if ensemble or ctranslate2 is None:
+        return "native"
+    path = Path(checkpoint) if checkpoint is not None else find_inference_checkpoint(run_dir)
+    if path.is_dir():
+        return "ctranslate2"
+    return "ctranslate2" if fresh_export(run_dir, path) is not None else "native"
 
 
 def _inference_config(run_dir: Path, config: Config | None, stored: Config, device_type: str) -> Config:

@@ -259,21 +259,42 @@ def test_threads_follow_the_options_then_the_environment(trained_run, monkeypatc
     assert ct2.CTranslate2Engine(out, decode, ct2.Ct2Device("cpu"), "fp32").threads == 1
 
 
-def test_translate_with_ctranslate2_never_imports_torch(trained_run):
-    """`nmt translate --engine ctranslate2` on a run with a fresh export: no PyTorch in the process
-    (`python -X importtime` lists every module imported), and the same output as in-process."""
+@pytest.mark.parametrize("engine", [["--engine", "ctranslate2"], []], ids=["ctranslate2", "default-auto"])
+def test_translate_with_ctranslate2_never_imports_torch(trained_run, engine):
+    """`nmt translate --engine ctranslate2` (and the default `auto`) on a run with a fresh export: no
+    PyTorch in the process (`python -X importtime` lists every module imported), the same output as in-process."""
     ct2.export_run(ct2.ExportOptions(trained_run))  # the engine's cache for the run's checkpoint
     src = _lines(trained_run, "valid.zh")[:3]
     cmd = [sys.executable, "-X", "importtime", "-m", "nmt", "translate", "--run", str(trained_run)]
-    done = subprocess.run(
-        [*cmd, "--engine", "ctranslate2", "--precision", "fp32", *src], capture_output=True, text=True, timeout=120
-    )
+    done = subprocess.run([*cmd, *engine, "--precision", "fp32", *src], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
     assert "ctranslate2" in imported and "sentencepiece" in imported  # the listing is real
     assert not {m for m in imported if m == "torch" or m.startswith("torch.")}, "the ctranslate2 path imported torch"
     expected = Translator.from_run(trained_run, engine="ctranslate2", precision="fp32").translate(src)
     assert done.stdout.splitlines() == expected
+
+
+def test_auto_engine_is_ctranslate2_only_with_a_current_export(trained_run, tmp_path, monkeypatch):
+    from nmt.decode.translator import choose_engine
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("export", "eval"))
+    assert choose_engine(run, None) == "native"  # nothing exported: no conversion, decode natively
+    out = ct2.export_run(ct2.ExportOptions(run))
+    assert choose_engine(run, None) == "ctranslate2" and choose_engine(run, out) == "ctranslate2"
+    best = run / "checkpoints" / "best.safetensors"
+    assert choose_engine(run, best, ensemble=(best,)) == "native"  # ensembles are native-only
+    chosen = ct2._resolve_source(run, None).checkpoint
+    other = next(
+        p for p in sorted((run / "checkpoints").glob("step_*.safetensors")) if p.read_bytes() != chosen.read_bytes()
+    )
+    shutil.copyfile(other, chosen)  # the export is now stale
+    assert choose_engine(run, None) == "native"
+    monkeypatch.setattr(ct2, "ctranslate2", None)
+    assert choose_engine(run, out) == "native"  # the package missing: never chosen
+    t = Translator.from_run(run, engine="auto", precision="fp32")
+    assert t.engine.name == "native"
 
 
 # --------------------------------------------------------------------------- refusals

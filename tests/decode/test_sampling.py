@@ -110,12 +110,16 @@ def test_cli_sampling_is_reproducible_and_checked(tiny_run):
     from nmt.cli import app
 
     lines = ["我们九点见。", "他们买了七只红色的猫。"]
-    args = ["translate", "--run", str(tiny_run), "--sample-topk", "5", "--seed", "3", *lines]
+    args = ["translate", "--run", str(tiny_run), "--engine", "native", "--sample-topk", "5", "--seed", "3", *lines]
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
     assert CliRunner().invoke(app, args).stdout == first.stdout and len(first.stdout.splitlines()) == 2
-    greedy = CliRunner().invoke(app, ["translate", "--run", str(tiny_run), "--beam", "1", *lines])
-    top1 = CliRunner().invoke(app, ["translate", "--run", str(tiny_run), "--sample-topk", "1", *lines])
+    greedy = CliRunner().invoke(app, ["translate", "--run", str(tiny_run), "--engine", "native", "--beam", "1", *lines])
+    top1 = CliRunner().invoke(
+        app, ["translate", "--run", str(tiny_run), "--engine", "native", "--sample-topk", "1", *lines]
+    )
     assert top1.stdout == greedy.stdout
-    bad = CliRunner().invoke(app, ["translate", "--run", str(tiny_run), "--temperature", "0", "x"])
+    bad = CliRunner().invoke(
+        app, ["translate", "--run", str(tiny_run), "--engine", "native", "--temperature", "0", "x"]
+    )
     assert bad.exit_code == 1 and bad.stderr.startswith("error: --temperature 0.0") and bad.stderr.count("\n") == 1

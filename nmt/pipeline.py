@@ -1,4 +1,4 @@
-"""The one-command pipeline: download → vocab → train → average → select → eval.
+"""The one-command pipeline: download → vocab → train → average → select → eval → export.
 
 Each stage is skipped when its stamp says it already ran on the same inputs, so a second
 `nmt pipeline` run (or one after an interruption) only does what is left.
@@ -7,6 +7,7 @@ Each stage is skipped when its stamp says it already ran on the same inputs, so 
 from __future__ import annotations
 
 import contextlib
+import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,8 @@ def run_pipeline(config: Config, run_dir: Path, mirror: str | None = None) -> di
     stages["select"] = _after_training(run_dir, "select", lambda: select_stage(config, run_dir))
     _log_stage("eval")
     stages["eval"], report = _after_training(run_dir, "eval", lambda: eval_stage(config, run_dir))
+    _log_stage("export")
+    stages["export"] = _after_training(run_dir, "export", lambda: export_stage(run_dir))
     return {"stages": stages, "eval": report}
 
 
@@ -142,6 +145,23 @@ def eval_stage(config: Config, run_dir: Path) -> tuple[str, dict]:
     )
     write_stamp(run_dir, "eval", digest)
     return "ran", report
+
+
+def export_stage(run_dir: Path) -> str:
+    """The CTranslate2 export of the final checkpoint (reused while current), so that `nmt
+    translate` (`--engine auto`) starts without PyTorch; skipped without the ctranslate2 package
+    or for a model CTranslate2 cannot express (the reason is printed)."""
+    from nmt.decode.ct2 import ExportOptions, ctranslate2, export_run, fresh_export
+
+    final = run_dir / "checkpoints" / "final.safetensors"
+    if ctranslate2 is None or fresh_export(run_dir, final) is not None:
+        return "skipped"
+    try:
+        export_run(ExportOptions(run_dir, checkpoint=final))
+    except NmtError as e:
+        print(f"export skipped: {e}", file=sys.stderr)
+        return "skipped"
+    return "ran"
 
 
 def _plain(obj):

@@ -7,6 +7,8 @@ pipeline); an untrained model scores 0. The thresholds leave a wide margin for o
 
 import json
 
+import pytest
+
 from nmt.config import load_config
 from nmt.pipeline import run_pipeline
 
@@ -32,6 +34,17 @@ def test_pipeline_makes_every_artifact(tiny_run):
     assert set(report["by_code"]) == {"cmn_Hans", "cmn_Hant"}  # test.codes.txt of the generated mirror
     select = json.loads((tiny_run / "select.stamp.json").read_text())
     assert select["chosen"] in select["valid_bleu"]
+
+
+def test_pipeline_exports_the_final_model_for_ctranslate2(tiny_run):
+    """So that `nmt translate` (--engine auto) answers without PyTorch right after the pipeline."""
+    pytest.importorskip("ctranslate2")
+    from nmt.decode.ct2 import fresh_export
+    from nmt.decode.translator import choose_engine
+
+    final = tiny_run / "checkpoints" / "final.safetensors"
+    assert fresh_export(tiny_run, final) == tiny_run / "export" / "ct2-final-float32"
+    assert choose_engine(tiny_run, None) == "ctranslate2"
 
 
 def test_second_pipeline_run_skips_every_stage(tiny_run, mini_mirror):

@@ -6,9 +6,11 @@
    flash must be within 3× the error of math run in bf16 (+ a small floor). Also fully padded rows
    (finite) and incremental decoding vs teacher forcing.
 2. attention benchmark: forward+backward time and peak memory of math / sdpa / flash at sequence
-   lengths 32, 128, 512, 1024 with the batch sized to a fixed token count.
+   lengths 32, 128, 512, 1024 with the batch sized to a fixed token count; flash twice: unpadding
+   from the mask on the device, and with the batch's host-computed `Packing` (no host sync).
 3. training throughput: configs/base.yaml model shape, 32k/32k vocabs, synthetic batches, bf16
-   autocast, AdamW; tokens/s and MFU against the bf16 matmul peak measured in the same run.
+   autocast, AdamW; tokens/s and MFU against the bf16 matmul peak measured in the same run. Every
+   backend gets the batches' host packing (as the trainer passes it); on a GPU flash is one of them.
 
 Exit status: 0 all good (or no CUDA device), 1 a parity/edge-case check failed or a section crashed.
 `--cpu` runs the same code with tiny shapes on the CPU (sdpa stands in for flash) to test the script.
@@ -33,7 +35,7 @@ from nmt import PAD_ID  # noqa: E402
 from nmt.config import ModelConfig, load_config  # noqa: E402
 from nmt.model.attention import MultiHeadAttention  # noqa: E402
 from nmt.model.flops import matmul_peak_flops, train_flops  # noqa: E402
-from nmt.model.masks import lengths_to_padding_mask  # noqa: E402
+from nmt.model.masks import Packing, lengths_to_padding_mask, packing_from_lengths  # noqa: E402
 from nmt.model.transformer import Transformer, model_summary  # noqa: E402
 
 
@@ -150,16 +152,23 @@ def model_batch(ctx: Ctx, gen: torch.Generator, B: int, S: int, T: int):
     return src.to(ctx.device), tgt.to(ctx.device)
 
 
+def ids_packing(ids: torch.Tensor) -> Packing:
+    """The `Packing` of right-padded ids (B, L), built on the host from their lengths (read back once,
+    outside the model, as a batch builder knows them) and moved to the ids' device."""
+    return packing_from_lengths((ids != PAD_ID).sum(dim=1).tolist(), ids.size(1)).to(ids.device)
+
+
 def model_parity(ctx: Ctx, gen: torch.Generator) -> tuple[list, list, list]:
     """Logits at real target positions: fp32 math, the fast backend and math in bf16."""
     model = small_model(ctx, "math").eval()
     src, tgt = model_batch(ctx, gen, 6, 40, 33)
     real = tgt != PAD_ID
+    packing = (ids_packing(src), ids_packing(tgt))
     outs = []
     for backend, amp in [("math", False), (ctx.fast, True), ("math", True)]:
         set_backend(model, backend)
         with torch.no_grad(), torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=amp):
-            outs.append([model(src, tgt).float()[real]])
+            outs.append([model(src, tgt, packing=packing).float()[real]])  # flash: the host packing
     return outs[0], outs[1], outs[2]
 
 
@@ -220,30 +229,33 @@ def bench_attention(ctx: Ctx) -> None:
     D, H = (64, 4) if ctx.cpu else (512, 8)
     tokens = 256 if ctx.cpu else 32768
     lengths = (32, 64) if ctx.cpu else (32, 128, 512, 1024)
-    backends = ["math", "sdpa", "flash"] if not ctx.cpu else ["math", "sdpa"]
+    backends = ["math", "sdpa", "flash", "flash+packing"] if not ctx.cpu else ["math", "sdpa"]
     mha = MultiHeadAttention(D, H).to(ctx.device)
     rows = []
     for causal in (False, True):
         for L in lengths:
             B = max(1, tokens // L)
             pad = random_pad(B, L, L // 2, ctx.device, gen)
+            packing = packing_from_lengths((~pad).sum(dim=1).tolist(), L).to(ctx.device)  # once, outside timing
             x = torch.randn(B, L, D, device=ctx.device, requires_grad=True)
             row = ["decoder self (causal)" if causal else "encoder self", str(L), str(B)]
             for backend in backends:
-                row.append(bench_one(ctx, mha, backend, x, pad, causal))
+                row.append(bench_one(ctx, mha, backend, x, pad, causal, packing))
             rows.append(row)
     table(["attention fwd+bwd, bf16", "len", "batch"] + [f"{b} ms / MiB" for b in backends], rows)
     print(f"(batch = {tokens} tokens / len; lengths uniform in [len/2, len]; d_model {D}, {H} heads)")
 
 
-def bench_one(ctx: Ctx, mha: MultiHeadAttention, backend: str, x, pad, causal: bool) -> str:
+def bench_one(ctx: Ctx, mha: MultiHeadAttention, backend: str, x, pad, causal: bool, packing: Packing) -> str:
+    """One timing cell; "flash+packing" is flash given the host packing (no unpadding on the device)."""
     if ctx.left() < 60:
         return "skipped (time)"
-    mha.backend = backend
+    mha.backend = backend.removesuffix("+packing")
+    given = packing if backend.endswith("+packing") else None
 
     def fn() -> torch.Tensor:
         with torch.autocast(ctx.device.type, dtype=torch.bfloat16):
-            return mha(x, key_pad=pad, causal=causal)
+            return mha(x, key_pad=pad, causal=causal, key_packing=given)
 
     try:
         ms, peak = time_fwd_bwd(ctx, fn, iters=3 if ctx.cpu else 10)
@@ -269,7 +281,10 @@ def synthetic_batch(gen: torch.Generator, max_tokens: int, max_len: int, vocab: 
     src.masked_fill_(lengths_to_padding_mask(src_len, max_len), PAD_ID)
     tgt.masked_fill_(lengths_to_padding_mask(tgt_len + 1, max_len + 1), PAD_ID)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
-    return src.to(device), tgt_in.to(device), tgt_out.to(device), src_len.float(), tgt_len.float()
+    src_packing = packing_from_lengths(src_len.tolist(), max_len)  # on the host, as the batch builder does
+    tgt_packing = packing_from_lengths((tgt_len + 1).clamp(max=max_len).tolist(), max_len)  # real tokens of tgt_in
+    packing = (src_packing.to(device), tgt_packing.to(device))
+    return src.to(device), tgt_in.to(device), tgt_out.to(device), src_len.float(), tgt_len.float(), packing
 
 
 def bench_training(ctx: Ctx) -> None:
@@ -283,7 +298,7 @@ def bench_training(ctx: Ctx) -> None:
     print(f"measured bf16 matmul peak ({n}x{n}): {peak / 1e12:.3g} TFLOP/s")
     max_tokens = 512 if ctx.cpu else 8192  # train.max_tokens of base.yaml
     rows = []
-    for backend in ["auto", "sdpa", "math"]:
+    for backend in ["auto", "sdpa", "math"] + ([] if ctx.cpu else ["flash"]):
         for max_len in (32, 128) if not ctx.cpu else (32,):
             if ctx.left() < 30:
                 rows.append([backend, str(max_len), "skipped (time)", "", "", ""])
@@ -310,7 +325,7 @@ def train_row(ctx: Ctx, cfg: ModelConfig, backend: str, vocab: int, max_tokens: 
     def step(b) -> None:
         src, tgt_in, tgt_out = b[:3]
         with torch.autocast(ctx.device.type, dtype=torch.bfloat16):
-            logits = model(src, tgt_in)
+            logits = model(src, tgt_in, packing=b[5])
         loss = F.cross_entropy(
             logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID, label_smoothing=0.1
         )
@@ -333,7 +348,7 @@ def train_row(ctx: Ctx, cfg: ModelConfig, backend: str, vocab: int, max_tokens: 
     sec = (time.perf_counter() - start) / iters
     flops = tgt_tokens = 0.0
     for i in range(iters):
-        s, t = batches[i % len(batches)][3:]
+        s, t = batches[i % len(batches)][3:5]
         ns, nt = float(s.sum()), float(t.sum())
         flops += train_flops(cfg, ns, nt, float((s**2).sum()) / ns, float((t**2).sum()) / nt, vocab)
         tgt_tokens += nt

@@ -12,11 +12,16 @@ With ``world_size`` ranks each rank takes every ``world_size``-th batch of the s
 order; the remainder (fewer than ``world_size`` batches) is dropped for that epoch so that
 every rank runs the same number of steps (no rank waits forever in a collective). Which
 batches are dropped changes with the epoch's shuffle.
+
+`collate` makes a `Batch`: the padded id tensors plus, for each side, a `Packing` (where the real
+tokens are, cu_seqlens, the longest length) computed here on the host from the sentence lengths, so
+that the flash attention backend never reads them back from the device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -24,6 +29,7 @@ import torch
 
 from nmt import BOS_ID, EOS_ID, PAD_ID
 from nmt.errors import NmtError
+from nmt.model.masks import Packing, packing_from_lengths
 
 
 class PairDataset(Protocol):
@@ -157,13 +163,45 @@ def length_groups(lengths: Sequence[int], min_rows: int = 4, ratio: float = 0.75
     return groups
 
 
-def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Pairs of raw id sequences → (src (B,S), tgt_in (B,T), tgt_out (B,T)) int64, right-padded.
+@dataclass(frozen=True, eq=False)
+class Batch:
+    """One training batch: three int64 id tensors, right-padded with PAD_ID, and the `Packing` of
+    each side, computed on the host (CPU tensors) from the sentence lengths.
+
+    Iterates as ``(src, tgt_in, tgt_out)``, so ``src, tgt_in, tgt_out = collate(pairs)`` reads the
+    three tensors (and leaves the packing behind: the model then unpads from the masks)."""
+
+    src: torch.Tensor  # (B, S): ids + [EOS]
+    tgt_in: torch.Tensor  # (B, T): [BOS] + ids
+    tgt_out: torch.Tensor  # (B, T): ids + [EOS]; the same lengths as tgt_in
+    src_packing: Packing  # the real tokens of src
+    tgt_packing: Packing  # the real tokens of tgt_in (and tgt_out)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter((self.src, self.tgt_in, self.tgt_out))
+
+    @property
+    def packing(self) -> tuple[Packing, Packing]:
+        """(source, target): what `Transformer.forward(..., packing=)` takes."""
+        return self.src_packing, self.tgt_packing
+
+    def to(self, device: torch.device | str, non_blocking: bool = True) -> Batch:
+        """Every tensor (ids and packings) on `device`; the host ints stay."""
+        src, tgt_in, tgt_out = (t.to(device, non_blocking=non_blocking) for t in self)
+        packings = (p.to(device, non_blocking=non_blocking) for p in self.packing)
+        return Batch(src, tgt_in, tgt_out, *packings)
+
+
+def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Batch:
+    """Pairs of raw id sequences → `Batch`: src (B,S), tgt_in (B,T), tgt_out (B,T) int64,
+    right-padded, with their packings.
 
     src = ids + [EOS] (`pad_sources`); tgt_in = [BOS] + ids; tgt_out = ids + [EOS].
     """
     n = len(pairs)
-    t_len = max(len(t) for _, t in pairs) + 1
+    src_lengths = [len(s) + 1 for s, _ in pairs]  # real tokens per row, EOS included
+    tgt_lengths = [len(t) + 1 for _, t in pairs]  # BOS (tgt_in) or EOS (tgt_out) included
+    t_len = max(tgt_lengths)
     tgt_in = torch.full((n, t_len), PAD_ID, dtype=torch.long)
     tgt_out = torch.full((n, t_len), PAD_ID, dtype=torch.long)
     for i, (_, t) in enumerate(pairs):
@@ -172,10 +210,12 @@ def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> tuple[torch
         tgt_in[i, 1 : len(t_ids) + 1] = t_ids
         tgt_out[i, : len(t_ids)] = t_ids
         tgt_out[i, len(t_ids)] = EOS_ID
-    return pad_sources([s for s, _ in pairs]), tgt_in, tgt_out
+    src = pad_sources([s for s, _ in pairs])
+    src_packing = packing_from_lengths(src_lengths, src.size(1))
+    return Batch(src, tgt_in, tgt_out, src_packing, packing_from_lengths(tgt_lengths, t_len))
 
 
-def load_batch(dataset: PairDataset, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def load_batch(dataset: PairDataset, indices: np.ndarray) -> Batch:
     """Read the pairs of one batch from a (memory-mapped) dataset and collate them."""
     return collate([dataset.pair(int(i)) for i in indices])
 

@@ -10,7 +10,10 @@ dtype the projections produced, so that autocast is taken into account):
   query only sees earlier positions, which are all real, so the key padding only changes the
   (ignored) outputs at padded query positions.
 - ``flash`` (CUDA, fp16/bf16): unpad to packed (total_tokens, heads, d_k) tensors, run
-  `torch.nn.attention.varlen.varlen_attn` with int32 cu_seqlens, re-pad with zeros.
+  `torch.nn.attention.varlen.varlen_attn` with int32 cu_seqlens, re-pad with zeros. Where the real
+  tokens are comes from the batch's `Packing` (computed on the host by the batch builder, passed as
+  ``query_packing``/``key_packing``); without one it is read from the padding mask on the device,
+  which waits for the GPU twice per call.
 
 Outputs at padded *query* positions are unspecified (they differ between backends) and must be
 ignored by the caller; outputs at real positions agree between backends.
@@ -29,7 +32,7 @@ from torch import Tensor, nn
 from nmt.config import ConfigError
 from nmt.host import best_time, probe
 from nmt.model.kv_cache import DecoderState, KVCache
-from nmt.model.masks import attention_mask_from_padding, causal_mask, decoder_self_mask
+from nmt.model.masks import Packing, attention_mask_from_padding, causal_mask, decoder_self_mask
 
 BACKENDS = ("auto", "math", "sdpa", "flash")
 SHORT_ROWS = 16  # softmax_last: fewer keys than this on a CPU are computed by hand
@@ -188,32 +191,53 @@ def _unpad_index(pad: Tensor) -> tuple[Tensor, Tensor, int]:
     return index, cu, max_len
 
 
+def _packing(pad: Tensor | None, given: Packing | None, rows: int, width: int, device: torch.device) -> Packing:
+    """The `Packing` of a (rows, width) side: `given` (host metadata, checked against the shape
+    without touching the device), else computed from `pad` (B, L) by `_unpad_index`, which waits for
+    the device twice; None and None mean no padding."""
+    if given is not None:
+        if given.cu_seqlens.numel() != rows + 1 or given.width != width:
+            got = f"{given.cu_seqlens.numel() - 1} rows of width {given.width}"
+            raise ValueError(f"flash attention: packing for {got} given for a batch of {rows} rows of width {width}")
+        return given
+    if pad is None:
+        pad = torch.zeros(rows, width, dtype=torch.bool, device=device)
+    return Packing(*_unpad_index(pad), width=width)
+
+
 def flash_attention(
-    q: Tensor, k: Tensor, v: Tensor, query_pad: Tensor | None, key_pad: Tensor | None, causal: bool
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    query_pad: Tensor | None,
+    key_pad: Tensor | None,
+    causal: bool,
+    q_packing: Packing | None = None,
+    k_packing: Packing | None = None,
 ) -> Tensor:
     """q (B, T, H, dk), k/v (B, S, H, dk) → (B, T, H, dk), zeros at padded query positions and for
-    queries whose keys are all padding. Causal means query i sees keys j <= i (needs T == S)."""
+    queries whose keys are all padding. Causal means query i sees keys j <= i (needs T == S).
+
+    q_packing / k_packing: where the real queries / keys are, computed on the host by the batch
+    builder (`nmt.data.batching.collate`) and on q's device; with them no host sync happens here.
+    A side without one is unpadded from its mask (`_unpad_index`: `nonzero` and a max read back).
+    Causal self-attention uses the query packing for the keys unless `k_packing` is given."""
     B, T, H, dk = q.shape
     S = k.size(1)
-    if query_pad is None:
-        query_pad = torch.zeros(B, T, dtype=torch.bool, device=q.device)
-    if key_pad is None:
-        key_pad = torch.zeros(B, S, dtype=torch.bool, device=k.device)
-    q_index, cu_q, max_q = _unpad_index(query_pad)
-    if causal or key_pad is query_pad:
-        k_index, cu_k, max_k = q_index, cu_q, max_q
-    else:
-        k_index, cu_k, max_k = _unpad_index(key_pad)
-    q_packed = q.reshape(B * T, H, dk).index_select(0, q_index).contiguous()  # (Nq, H, dk)
-    k_packed = k.reshape(B * S, H, dk).index_select(0, k_index).contiguous()  # (Nk, H, dk)
-    v_packed = v.reshape(B * S, H, dk).index_select(0, k_index).contiguous()  # (Nk, H, dk)
+    qp = _packing(query_pad, q_packing, B, T, q.device)
+    if k_packing is None and (causal or (key_pad is not None and key_pad is query_pad)):
+        k_packing = qp
+    kp = _packing(key_pad, k_packing, B, S, k.device)
+    q_packed = q.reshape(B * T, H, dk).index_select(0, qp.index).contiguous()  # (Nq, H, dk)
+    k_packed = k.reshape(B * S, H, dk).index_select(0, kp.index).contiguous()  # (Nk, H, dk)
+    v_packed = v.reshape(B * S, H, dk).index_select(0, kp.index).contiguous()  # (Nk, H, dk)
     kernel = varlen_kernel()
     if kernel is None:
         raise RuntimeError("flash attention needs torch.nn.attention.varlen.varlen_attn (torch >= 2.9)")
-    packed = kernel(q_packed, k_packed, v_packed, cu_q, cu_k, max_q, max_k, causal)
-    out = q.new_zeros(B * T, H, dk).index_copy(0, q_index, packed.to(q.dtype))  # (B*T, H, dk)
+    packed = kernel(q_packed, k_packed, v_packed, qp.cu_seqlens, kp.cu_seqlens, qp.max_len, kp.max_len, causal)
+    out = q.new_zeros(B * T, H, dk).index_copy(0, qp.index, packed.to(q.dtype))  # (B*T, H, dk)
     out = out.view(B, T, H, dk)
-    has_keys = (~key_pad).any(dim=1)  # (B,)
+    has_keys = kp.cu_seqlens.diff() > 0  # (B,) rows with at least one real key, computed on the device
     return out * has_keys[:, None, None, None].to(out.dtype)
 
 
@@ -295,16 +319,23 @@ class MultiHeadAttention(nn.Module):
         key_pad: Tensor | None = None,
         query_pad: Tensor | None = None,
         causal: bool = False,
+        *,
+        key_packing: Packing | None = None,
+        query_packing: Packing | None = None,
     ) -> Tensor:
         """Full-sequence attention. x (B, T, D) queries; memory (B, S, D) keys/values for
         cross-attention, or None for self-attention over x. key_pad (B, S|T) True = pad;
         query_pad (B, T) (defaults to key_pad for self-attention; only the flash backend needs
-        it). causal: query i sees keys j <= i (self-attention only) → (B, T, D)."""
+        it). causal: query i sees keys j <= i (self-attention only) → (B, T, D).
+        key_packing / query_packing: the same padding as host-computed `Packing`s on x's device
+        (query_packing defaults to key_packing for self-attention); only the flash backend reads
+        them, and with them it never waits for the device."""
         if memory is None:
             B, T, _ = x.shape
             qkv = self.in_proj(x).view(B, T, 3, self.heads, self.d_k)  # (B, T, 3, H, dk)
             q, k, v = qkv.unbind(2)  # (B, T, H, dk) each
             query_pad = key_pad if query_pad is None else query_pad
+            query_packing = key_packing if query_packing is None else query_packing
         else:
             if causal:
                 raise ValueError("causal attention is only defined for self-attention")
@@ -312,7 +343,8 @@ class MultiHeadAttention(nn.Module):
             k, v = self._project_kv(memory)
         backend = self._backend(x.device, q.dtype)
         if backend == "flash":
-            return self._merge(flash_attention(q, k, v, query_pad, key_pad, causal))
+            out = flash_attention(q, k, v, query_pad, key_pad, causal, query_packing, key_packing)
+            return self._merge(out)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, dk)
         if backend == "sdpa" and causal:
             p = self.dropout if self.training else 0.0

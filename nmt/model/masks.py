@@ -4,9 +4,16 @@ Two conventions, never mixed:
 - key-padding masks are (B, S) with True = padding (ignore this position);
 - attention masks are broadcastable to (B, heads, T_query, T_key) with True = may attend,
   the convention of `torch.nn.functional.scaled_dot_product_attention`.
+
+`Packing` describes the same right padding the way the packed (varlen) flash attention needs it:
+where the real tokens are, int32 cu_seqlens and the longest length. The batch builder
+(`nmt.data.batching.collate`) computes it on the host from the lengths it already knows, so that
+no attention call has to read them back from the device.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -48,3 +55,32 @@ def cross_attention_bias(key_pad: Tensor) -> Tensor:
     may be attended, the most negative fp32 value at padding (softmax gives it weight 0, never NaN)."""
     bias = torch.zeros(key_pad.shape, dtype=torch.float32, device=key_pad.device)
     return bias.masked_fill_(key_pad, torch.finfo(torch.float32).min)[:, None, None, :]
+
+
+@dataclass(frozen=True, eq=False)
+class Packing:
+    """Where the real tokens of a right-padded (B, L) batch are, for packed (varlen) attention."""
+
+    index: Tensor  # (N,) int64: flat positions b * width + i of the N real tokens, row-major
+    cu_seqlens: Tensor  # (B+1,) int32: row b's tokens are packed rows cu_seqlens[b]:cu_seqlens[b+1]
+    max_len: int  # the longest row's length, a host int (the kernel needs it; reading it back would sync)
+    width: int  # L, the padded width the index refers to
+
+    def to(self, device: torch.device | str, non_blocking: bool = True) -> Packing:
+        """The same packing with its tensors on `device` (from pinned host memory the copy is
+        asynchronous); `max_len` and `width` stay host ints."""
+        index = self.index.to(device, non_blocking=non_blocking)
+        cu = self.cu_seqlens.to(device, non_blocking=non_blocking)
+        return Packing(index, cu, self.max_len, self.width)
+
+
+def packing_from_lengths(lengths: list[int], width: int) -> Packing:
+    """Host-side `Packing` (CPU tensors) of a batch whose row b has `lengths[b]` real tokens
+    followed by padding up to `width`; what `lengths_to_padding_mask` describes as a mask."""
+    if any(n < 0 or n > width for n in lengths):
+        raise ValueError(f"lengths {lengths} do not fit a padded width of {width}")
+    n = torch.tensor(lengths, dtype=torch.int64).reshape(-1)  # (B,)
+    real = torch.arange(width)[None, :] < n[:, None]  # (B, L)
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = n.cumsum(0)
+    return Packing(real.flatten().nonzero().squeeze(1), cu, max(lengths, default=0), width)

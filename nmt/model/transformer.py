@@ -23,13 +23,14 @@ from nmt.data.batching import length_groups
 from nmt.errors import NmtError
 from nmt.model.attention import MultiHeadAttention, resolve_backend
 from nmt.model.kv_cache import DecoderState, KVCache
-from nmt.model.masks import cross_attention_bias, padding_mask
+from nmt.model.masks import Packing, cross_attention_bias, padding_mask
 
 
 @dataclass
 class EncoderOut:
     memory: Tensor  # (B, S, D)
     src_pad: Tensor  # (B, S) bool, True = padding
+    src_packing: Packing | None = None  # the same padding computed on the host (flash attention), if given
 
 
 # --------------------------------------------------------------------------- building blocks
@@ -86,8 +87,8 @@ class EncoderLayer(nn.Module):
         self.attn_block = Sublayer(cfg.d_model, cfg.dropout, pre)
         self.ffn_block = Sublayer(cfg.d_model, cfg.dropout, pre)
 
-    def forward(self, x: Tensor, src_pad: Tensor) -> Tensor:
-        x = self.attn_block(x, lambda h: self.self_attn(h, key_pad=src_pad))  # (B, S, D)
+    def forward(self, x: Tensor, src_pad: Tensor, src_packing: Packing | None = None) -> Tensor:
+        x = self.attn_block(x, lambda h: self.self_attn(h, key_pad=src_pad, key_packing=src_packing))  # (B, S, D)
         return self.ffn_block(x, self.ffn)
 
 
@@ -102,9 +103,13 @@ class DecoderLayer(nn.Module):
         self.cross_block = Sublayer(cfg.d_model, cfg.dropout, pre)
         self.ffn_block = Sublayer(cfg.d_model, cfg.dropout, pre)
 
-    def forward(self, x: Tensor, memory: Tensor, src_pad: Tensor, tgt_pad: Tensor) -> Tensor:
-        x = self.self_block(x, lambda h: self.self_attn(h, key_pad=tgt_pad, causal=True))  # (B, T, D)
-        x = self.cross_block(x, lambda h: self.cross_attn(h, memory, key_pad=src_pad, query_pad=tgt_pad))
+    def forward(self, x: Tensor, enc: EncoderOut, tgt_pad: Tensor, tgt_packing: Packing | None = None) -> Tensor:
+        """x (B, T, D) → (B, T, D): causal self-attention over the target, cross-attention with the
+        target as queries and the source (`enc`) as keys, FFN."""
+        x = self.self_block(x, lambda h: self.self_attn(h, key_pad=tgt_pad, causal=True, key_packing=tgt_packing))
+        cross = {"key_pad": enc.src_pad, "query_pad": tgt_pad}  # queries: the target; keys: the source
+        cross |= {"key_packing": enc.src_packing, "query_packing": tgt_packing}
+        x = self.cross_block(x, lambda h: self.cross_attn(h, enc.memory, **cross))
         return self.ffn_block(x, self.ffn)
 
     def step(self, x: Tensor, state: DecoderState, i: int) -> Tensor:
@@ -204,13 +209,14 @@ class Transformer(nn.Module):
 
     # ----------------------------------------------------------------------- training path
 
-    def encode(self, src: Tensor) -> EncoderOut:
-        """src (B, S) ids with right padding → memory (B, S, D) and src_pad (B, S)."""
+    def encode(self, src: Tensor, packing: Packing | None = None) -> EncoderOut:
+        """src (B, S) ids with right padding → memory (B, S, D) and src_pad (B, S). `packing`: the
+        source's `Packing` on src's device (the batch builder's), for the flash backend."""
         src_pad = padding_mask(src, PAD_ID)
         x = self._embed(src, self.src_embed, self.src_positions)  # (B, S, D)
         for layer in self.encoder.layers:
-            x = layer(x, src_pad)
-        return EncoderOut(memory=self.encoder.norm(x), src_pad=src_pad)
+            x = layer(x, src_pad, packing)
+        return EncoderOut(memory=self.encoder.norm(x), src_pad=src_pad, src_packing=packing)
 
     def encode_by_length(self, src: Tensor) -> EncoderOut:
         """`encode` for decoding a batch of mixed lengths (e.g. a server's batch in arrival order):
@@ -232,21 +238,36 @@ class Transformer(nn.Module):
             src_pad[r, :w] = part.src_pad
         return EncoderOut(memory=memory, src_pad=src_pad)
 
-    def decode(self, tgt_in: Tensor, enc: EncoderOut, keep: Tensor | None = None) -> Tensor:
+    def decode(
+        self, tgt_in: Tensor, enc: EncoderOut, keep: Tensor | None = None, packing: Packing | None = None
+    ) -> Tensor:
         """Teacher-forced decoder: tgt_in (B, T) → logits (B, T, V), or (N, V) at the N positions
-        where `keep` (B, T) is True (row-major order), so that no output projection is spent on pads."""
+        where `keep` (B, T) is True (row-major order), so that no output projection is spent on pads.
+        `packing`: the target's `Packing` on tgt_in's device, for the flash backend (the source's
+        comes with `enc`)."""
         tgt_pad = padding_mask(tgt_in, PAD_ID)
         x = self._embed(tgt_in, self.tgt_embed, self.tgt_positions)  # (B, T, D)
         for layer in self.decoder.layers:
-            x = layer(x, enc.memory, enc.src_pad, tgt_pad)
+            x = layer(x, enc, tgt_pad, packing)
         if keep is not None:
             x = x[keep]  # (N, D)
         return self._logits(self.decoder.norm(x))
 
-    def forward(self, src: Tensor, tgt_in: Tensor, keep: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        src: Tensor,
+        tgt_in: Tensor,
+        keep: Tensor | None = None,
+        *,
+        packing: tuple[Packing, Packing] | None = None,
+    ) -> Tensor:
         """src (B, S), tgt_in (B, T) → logits (B, T, V); masks come from PAD_ID. With `keep` (B, T)
-        bool (the trainer passes ``tgt_out != PAD_ID``): packed logits (N, V) at those positions."""
-        return self.decode(tgt_in, self.encode(src), keep)
+        bool (the trainer passes ``tgt_out != PAD_ID``): packed logits (N, V) at those positions.
+        `packing`: (source, target) `Packing`s of this padding, computed on the host by the batch
+        builder and moved to the model's device (`nmt.data.batching.Batch.packing`): the flash
+        backend then never waits for the device. Other backends ignore it; the outputs are the same."""
+        src_packing, tgt_packing = packing if packing is not None else (None, None)
+        return self.decode(tgt_in, self.encode(src, src_packing), keep, tgt_packing)
 
     # ----------------------------------------------------------------------- incremental decoding
 

@@ -2,15 +2,19 @@
 
 `Trainer` works with any ``nn.Module`` whose ``forward(src, tgt_in)`` returns logits
 (B, T, V), wrapped in DDP or torch.compile or not; a model that `PacksLogits` is asked for logits at the
-non-pad target positions only, packed (N, V). The loss of an update is normalised by the number of
-target tokens summed over every micro-batch and every rank, so one process with
-``update_freq = k`` and k processes with ``update_freq = 1`` compute the same gradient.
+non-pad target positions only, packed (N, V). A `nmt.data.batching.Batch` brings the host-computed
+packing of its source and target; it goes to the device with the ids and on to a model whose
+``forward`` takes ``packing=`` (the Transformer: its flash backend then never waits for the device).
+The loss of an update is normalised by the number of target tokens summed over every micro-batch
+and every rank, so one process with ``update_freq = k`` and k processes with ``update_freq = 1``
+compute the same gradient.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import math
 import random
 from dataclasses import dataclass
@@ -23,12 +27,15 @@ from nmt import PAD_ID
 from nmt.checkpoint import unwrap
 from nmt.config import TrainConfig
 from nmt.contracts import PacksLogits
+from nmt.data.batching import Batch
 from nmt.device import autocast, grad_scaler
 from nmt.errors import NmtError
+from nmt.model.masks import Packing
 from nmt.train.distributed import all_reduce_sum, world_size
 from nmt.train.objective import build_optimizer, label_smoothed_nll, learning_rate, set_learning_rate
 
-Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src (B,S), tgt_in (B,T), tgt_out (B,T)
+Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src (B,S), tgt_in (B,T), tgt_out (B,T)
+Packings = tuple[Packing, Packing] | None  # (source, target), on the device
 LogitsTarget = tuple[torch.Tensor, torch.Tensor]  # (B,T,V), (B,T) or packed (N,V), (N,)
 
 
@@ -80,19 +87,20 @@ class Trainer:
         self.scaler = grad_scaler(device, cfg.precision)
         self.state = state or TrainState()
         self.packed = isinstance(unwrap(model), PacksLogits)  # through DDP / torch.compile
+        self.takes_packing = "packing" in inspect.signature(unwrap(model).forward).parameters
 
-    def update(self, batches: list[Batch]) -> StepResult:
+    def update(self, batches: list[Batch | Tensors]) -> StepResult:
         """Forward/backward every micro-batch, then one optimizer step (or a counted skip)."""
         self.model.train()
-        batches = [tuple(t.to(self.device, non_blocking=True) for t in b) for b in batches]
+        batches = [self._on_device(b) for b in batches]
         local = sum(int((b[2] != PAD_ID).sum()) for b in batches)
         total = all_reduce_sum(torch.tensor([float(local)], device=self.device)).item()
         scale = world_size() / total
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, nll, tokens
-        for i, (src, tgt_in, tgt_out) in enumerate(batches):
+        for i, (src, tgt_in, tgt_out, packing) in enumerate(batches):
             with self._no_sync(last=i == len(batches) - 1):
                 with autocast(self.device, self.cfg.precision):
-                    logits, target = self._logits(src, tgt_in, tgt_out)
+                    logits, target = self._logits(src, tgt_in, tgt_out, packing)
                 loss, nll, n = label_smoothed_nll(logits, target, self.cfg.label_smoothing)
                 self.scaler.scale(loss * scale).backward()
             sums += torch.stack([loss.detach().double(), nll.double(), torch.tensor(float(n), device=self.device)])
@@ -105,12 +113,23 @@ class Trainer:
         norm, applied = self._apply(lr, finite_loss=math.isfinite(loss_tok))
         return StepResult(number, loss_tok, nll_tok, int(total), norm, lr, not applied, pad, slots)
 
-    def _logits(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor) -> LogitsTarget:
+    def _on_device(self, batch: Batch | Tensors) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Packings]:
+        """src, tgt_in, tgt_out and, for a `Batch` and a model that takes it, the packing, on the device."""
+        if isinstance(batch, Batch) and self.takes_packing:
+            batch = batch.to(self.device, non_blocking=True)
+            return batch.src, batch.tgt_in, batch.tgt_out, batch.packing
+        src, tgt_in, tgt_out = (t.to(self.device, non_blocking=True) for t in batch)
+        return src, tgt_in, tgt_out, None
+
+    def _logits(
+        self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, packing: Packings
+    ) -> LogitsTarget:
         """(logits, target): packed (N, V), (N,) for a model that packs logits, else (B, T, V), (B, T)."""
+        extra = {} if packing is None else {"packing": packing}
         if not self.packed:
-            return self.model(src, tgt_in), tgt_out
+            return self.model(src, tgt_in, **extra), tgt_out
         keep = tgt_out != PAD_ID  # (B, T)
-        return self.model(src, tgt_in, keep), tgt_out[keep]
+        return self.model(src, tgt_in, keep, **extra), tgt_out[keep]
 
     def _no_sync(self, last: bool) -> contextlib.AbstractContextManager:
         if not last and hasattr(self.model, "no_sync"):

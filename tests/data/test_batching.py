@@ -6,8 +6,9 @@ import torch
 from synthetic import ListDataset
 
 from nmt import BOS_ID, EOS_ID, PAD_ID
-from nmt.data.batching import TokenBatchSampler, collate, length_groups, load_batch, pad_sources
+from nmt.data.batching import Batch, TokenBatchSampler, collate, length_groups, load_batch, pad_sources
 from nmt.errors import NmtError
+from nmt.model.masks import Packing
 
 
 def random_lengths(n: int = 500, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -113,6 +114,48 @@ def test_padding_waste_matches_collated_batches():
     assert sampler.kept == len(pairs)
 
 
+# --------------------------------------------------------------------------- packing
+
+
+def assert_packing_describes(packing: Packing, ids: torch.Tensor) -> None:
+    """`packing` is where the non-PAD tokens of the right-padded (B, L) `ids` are."""
+    real = ids != PAD_ID  # (B, L)
+    lengths = real.sum(dim=1)  # (B,)
+    assert torch.equal(real, torch.arange(ids.size(1))[None, :] < lengths[:, None])  # right padding
+    assert torch.equal(packing.index, real.flatten().nonzero().squeeze(1))
+    assert packing.cu_seqlens.dtype == torch.int32
+    assert packing.cu_seqlens.tolist() == [0] + lengths.cumsum(0).tolist()
+    assert packing.max_len == int(lengths.max()) and isinstance(packing.max_len, int)
+    assert packing.width == ids.size(1)
+    assert packing.index.device.type == packing.cu_seqlens.device.type == "cpu"  # built on the host
+
+
+def test_batches_carry_the_packing_of_their_padded_tensors():
+    rng = np.random.default_rng(11)
+    pairs = [(list(rng.integers(4, 50, rng.integers(0, 20))), list(rng.integers(4, 50, rng.integers(0, 20))))
+             for _ in range(150)] + [([], [7]), ([5], [])]  # fmt: skip
+    data = ListDataset(pairs)
+    sampler = TokenBatchSampler(data.src_lengths, data.tgt_lengths, 100, 64, seed=2)
+    for b in sampler.batches:
+        batch = load_batch(data, b)
+        assert isinstance(batch, Batch)
+        assert_packing_describes(batch.src_packing, batch.src)
+        assert_packing_describes(batch.tgt_packing, batch.tgt_in)
+        assert_packing_describes(batch.tgt_packing, batch.tgt_out)  # the same lengths: EOS for BOS
+        assert batch.packing == (batch.src_packing, batch.tgt_packing)
+
+
+def test_a_batch_unpacks_as_its_tensors_and_moves_with_its_packing():
+    batch = collate([([5, 6, 7], [8]), ([9], [10, 11, 12, 13])])
+    src, tgt_in, tgt_out = batch  # what validation and the benchmarks read
+    assert src is batch.src and tgt_in is batch.tgt_in and tgt_out is batch.tgt_out
+    assert batch.src_packing.cu_seqlens.tolist() == [0, 4, 6] and batch.src_packing.max_len == 4
+    assert batch.tgt_packing.cu_seqlens.tolist() == [0, 2, 7] and batch.tgt_packing.max_len == 5
+    moved = batch.to("cpu")
+    assert torch.equal(moved.src, src) and torch.equal(moved.tgt_packing.index, batch.tgt_packing.index)
+    assert (moved.src_packing.max_len, moved.tgt_packing.width) == (4, 5)
+
+
 def test_pad_sources_is_the_one_source_batch():
     from nmt.decode import engines
 
@@ -122,7 +165,7 @@ def test_pad_sources_is_the_one_source_batch():
     assert src.dtype == torch.long
     assert engines.pad_sources is pad_sources  # the decoding engines use the same function
     pairs = [(np.array(s, dtype=np.int32), np.array([9], dtype=np.int32)) for s in seqs]
-    assert torch.equal(collate(pairs)[0], src)  # and so does training's collate
+    assert torch.equal(collate(pairs).src, src)  # and so does training's collate
 
 
 def test_length_groups_split_mixed_lengths_and_keep_even_ones_whole():

@@ -1,15 +1,23 @@
-"""MultiHeadAttention: backend parity, fully masked rows, the flash packing logic, backend choice."""
+"""MultiHeadAttention: backend parity, fully masked rows, the flash packing logic (with and without the
+batch's host-computed packing), backend choice."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.config import ConfigError
+from nmt import PAD_ID
+from nmt.config import ConfigError, ModelConfig, TrainConfig
+from nmt.data.batching import collate
 from nmt.model import attention
 from nmt.model.attention import MultiHeadAttention, dense_mask, flash_attention, math_attention, resolve_backend
-from nmt.model.masks import lengths_to_padding_mask
+from nmt.model.masks import causal_mask, lengths_to_padding_mask, packing_from_lengths
+from nmt.model.transformer import Transformer
+from nmt.train.update import Trainer
 
 D, H = 32, 4
 
@@ -21,13 +29,14 @@ def random_pad(B: int, L: int, min_len: int = 1) -> torch.Tensor:
     return lengths_to_padding_mask(lengths, L)
 
 
-def run(mha: MultiHeadAttention, backend: str, x, memory, key_pad, query_pad, causal):
-    """Output and gradients (input, memory, parameters) of a loss over real query positions."""
+def run(mha: MultiHeadAttention, backend: str, x, memory, key_pad, query_pad, causal, **packing):
+    """Output and gradients (input, memory, parameters) of a loss over real query positions.
+    `packing`: key_packing / query_packing for the module."""
     mha.backend = backend
     mha.zero_grad()
     x = x.detach().clone().requires_grad_(True)
     memory = None if memory is None else memory.detach().clone().requires_grad_(True)
-    out = mha(x, memory, key_pad=key_pad, query_pad=query_pad, causal=causal)  # (B, T, D)
+    out = mha(x, memory, key_pad=key_pad, query_pad=query_pad, causal=causal, **packing)  # (B, T, D)
     real = ~query_pad if query_pad is not None else torch.ones(out.shape[:2], dtype=torch.bool, device=out.device)
     weights = torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out)
     (out * weights * real[..., None]).sum().backward()
@@ -136,6 +145,164 @@ def test_flash_packing_matches_math_with_a_reference_kernel(case, monkeypatch):
     assert torch.equal(q.grad[query_pad], torch.zeros_like(q.grad[query_pad]))
 
 
+# --------------------------------------------------------------------------- host packing (no device sync)
+
+
+def random_lengths(B: int, L: int, gen: torch.Generator, empty_row: bool = False) -> list[int]:
+    """B lengths in [1, L] (row 0 full), or in [0, L] with row B-1 empty when `empty_row`."""
+    lengths = torch.randint(1, L + 1, (B,), generator=gen).tolist()
+    lengths[0] = L
+    if empty_row:
+        lengths[-1] = 0
+    return lengths
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_packing_from_lengths_is_unpad_index_of_the_padding_mask(seed):
+    gen = torch.Generator().manual_seed(seed)
+    B, L = 1 + seed * 3, 2 + seed * 4  # seed 0: a batch of one
+    cases = [(random_lengths(B, L, gen, empty_row=seed > 0), L), ([0], 3), ([0, 0], 2), ([5], 5)]
+    for lengths, width in cases:
+        packing = packing_from_lengths(lengths, width)
+        index, cu, max_len = attention._unpad_index(lengths_to_padding_mask(torch.tensor(lengths), width))
+        assert torch.equal(packing.index, index) and packing.index.dtype == torch.int64, lengths
+        assert torch.equal(packing.cu_seqlens, cu) and packing.cu_seqlens.dtype == torch.int32, lengths
+        assert packing.max_len == max_len and type(packing.max_len) is int, lengths
+        assert packing.width == width
+    with pytest.raises(ValueError, match="width"):
+        packing_from_lengths([3, 5], 4)
+
+
+def packed_math(q, k, v, cu_q, cu_k, max_q, max_k, causal):
+    """A CPU stand-in for `varlen_kernel()`: q (Nq, H, dk), k/v (Nk, H, dk) packed, sequence b in
+    rows cu[b]:cu[b+1] → (Nq, H, dk), `math_attention` one sequence at a time. Checks the real
+    kernel's contract: int32 cu_seqlens, exact maximum lengths given as host ints. Queries of a
+    sequence without keys get ones (what a kernel leaves there is not defined; the caller zeroes it)."""
+    assert cu_q.dtype == cu_k.dtype == torch.int32 and len(cu_q) == len(cu_k)
+    assert type(max_q) is int and type(max_k) is int
+    q_lengths, k_lengths = cu_q.diff().tolist(), cu_k.diff().tolist()
+    assert max_q == max(q_lengths) and max_k == max(k_lengths)
+    assert int(cu_q[-1]) == q.size(0) and int(cu_k[-1]) == k.size(0)
+    out = torch.zeros_like(q)
+    for qs, qe, ks, ke in zip(
+        cu_q[:-1].tolist(), cu_q[1:].tolist(), cu_k[:-1].tolist(), cu_k[1:].tolist(), strict=True
+    ):
+        if ke == ks:
+            out[qs:qe] = 1.0
+            continue
+        qi, ki, vi = (t.transpose(0, 1)[None] for t in (q[qs:qe], k[ks:ke], v[ks:ke]))  # (1, H, L, dk)
+        mask = causal_mask(qe - qs)[None, None] if causal else None  # self-attention: qe - qs == ke - ks
+        out[qs:qe] = math_attention(qi, ki, vi, mask)[0].transpose(0, 1)
+    return out
+
+
+def count_unpads(monkeypatch) -> list[int]:
+    """`_unpad_index` still works but counts its calls (each one is two host syncs on a GPU)."""
+    calls, unpad = [], attention._unpad_index
+    monkeypatch.setattr(attention, "_unpad_index", lambda pad: calls.append(1) or unpad(pad))
+    return calls
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_flash_with_host_packing_computes_what_it_computes_without(case, monkeypatch):
+    monkeypatch.setattr(attention, "varlen_kernel", lambda: packed_math)
+    unpads = count_unpads(monkeypatch)
+    spec, gen = CASES[case], torch.Generator().manual_seed(5)
+    B, T, dk = 5, 7, D // H
+    S = 9 if spec["memory"] else T
+    q_lengths = random_lengths(B, T, gen)
+    k_lengths = random_lengths(B, S, gen, empty_row=True) if spec["memory"] else q_lengths
+    query_pad = lengths_to_padding_mask(torch.tensor(q_lengths), T)
+    key_pad = lengths_to_padding_mask(torch.tensor(k_lengths), S) if spec["memory"] else query_pad
+    q = torch.randn(B, T, H, dk, generator=gen)
+    k, v = torch.randn(B, S, H, dk, generator=gen), torch.randn(B, S, H, dk, generator=gen)
+    weights = torch.randn(B, T, H, dk, generator=gen)
+
+    def attend(q_packing, k_packing):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = flash_attention(*leaves, query_pad, key_pad, spec["causal"], q_packing, k_packing)
+        (out * weights).sum().backward()
+        return out.detach(), [t.grad for t in leaves]
+
+    out, grads = attend(packing_from_lengths(q_lengths, T), packing_from_lengths(k_lengths, S))
+    assert unpads == []  # with the host packing nothing is read back from the device
+    out_dev, grads_dev = attend(None, None)
+    assert len(unpads) == (2 if spec["memory"] else 1)  # without it: unpadded from the masks
+    assert torch.equal(out, out_dev)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_dev, strict=True))
+    mask = dense_mask(key_pad, spec["causal"], T, q.device)
+    ref = math_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask).transpose(1, 2)
+    real = ~query_pad
+    torch.testing.assert_close(out[real], ref[real], atol=1e-5, rtol=1e-5)
+    assert torch.equal(out[query_pad], torch.zeros_like(out[query_pad]))
+
+
+def test_flash_refuses_a_packing_of_another_shape(monkeypatch):
+    monkeypatch.setattr(attention, "varlen_kernel", lambda: packed_math)
+    q = torch.randn(2, 4, H, D // H)
+    with pytest.raises(ValueError, match="packing"):
+        flash_attention(q, q, q, None, None, False, packing_from_lengths([4, 2], 5), None)  # width 5, not 4
+    with pytest.raises(ValueError, match="packing"):
+        flash_attention(q, q, q, None, None, False, packing_from_lengths([4], 4), None)  # 1 row, not 2
+
+
+def flash_model_on_cpu(monkeypatch) -> Transformer:
+    """A small Transformer whose attention runs the flash path on the CPU: `resolve_backend` (which
+    refuses flash without CUDA) patched to run what is asked for, the varlen kernel replaced by
+    `packed_math`, and `_unpad_index` (the device-sync path) raising."""
+    cfg = ModelConfig(d_model=D, heads=H, encoder_layers=2, decoder_layers=2, ffn_dim=64, dropout=0.0)
+    cfg.attention = "flash"
+    torch.manual_seed(0)
+    model = Transformer(cfg, 50, 60)
+    monkeypatch.setattr(attention, "resolve_backend", lambda requested, device, dtype, **_: requested)
+    monkeypatch.setattr(attention, "varlen_kernel", lambda: packed_math)
+
+    def no_sync(pad):
+        raise AssertionError("_unpad_index called: an attention call read the padding back from the device")
+
+    monkeypatch.setattr(attention, "_unpad_index", no_sync)
+    return model
+
+
+def random_pairs(n: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    rng = np.random.default_rng(seed)
+    pairs = [(rng.integers(4, 50, rng.integers(1, 12)).tolist(), rng.integers(4, 60, rng.integers(1, 12)).tolist())
+             for _ in range(n - 1)]  # fmt: skip
+    return pairs + [([], [])]  # an empty sentence: source EOS only, target BOS only
+
+
+def set_backend(model: Transformer, backend: str) -> None:
+    for m in model.modules():
+        if isinstance(m, MultiHeadAttention):
+            m.backend = backend
+
+
+def test_model_forward_with_the_batch_packing_never_unpads_on_the_device(monkeypatch):
+    model = flash_model_on_cpu(monkeypatch).eval()
+    batch = collate(random_pairs(6, seed=1))
+    keep = batch.tgt_out != PAD_ID  # (B, T)
+    with torch.no_grad():
+        flash = model(batch.src, batch.tgt_in, keep, packing=batch.packing)  # (N, V)
+        set_backend(model, "math")
+        reference = model(batch.src, batch.tgt_in, keep)
+        set_backend(model, "flash")
+        with pytest.raises(AssertionError, match="_unpad_index"):  # without the packing: the sync path
+            model(batch.src, batch.tgt_in, keep)
+    assert flash.shape == (int(keep.sum()), 60)
+    torch.testing.assert_close(flash, reference, atol=1e-5, rtol=1e-5)
+
+
+def test_a_training_update_hands_the_batch_packing_to_the_model(monkeypatch):
+    """Trainer.update moves a collated Batch, packing included, and passes it on: a whole
+    forward + backward + step with flash and not one `_unpad_index` (tests/train is another owner's)."""
+    model = flash_model_on_cpu(monkeypatch).train()
+    trainer = Trainer(model, TrainConfig(precision="fp32", warmup=1), torch.device("cpu"))
+    before = [p.detach().clone() for p in model.parameters()]
+    result = trainer.update([collate(random_pairs(4, seed=2)), collate(random_pairs(3, seed=3))])
+    assert not result.skipped and math.isfinite(result.loss)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
 # --------------------------------------------------------------------------- backend choice
 
 
@@ -170,18 +337,29 @@ def test_flash_module_on_cpu_raises_config_error():
 # --------------------------------------------------------------------------- CUDA only
 
 
+def host_packing(pad: torch.Tensor, device: str):
+    """The `Packing` of a CPU (B, L) right-padding mask, built on the host, moved to `device`."""
+    return packing_from_lengths((~pad).sum(dim=1).tolist(), pad.size(1)).to(device)
+
+
 @pytest.mark.cuda
+@pytest.mark.parametrize("packed", [False, True], ids=["unpad-on-device", "host-packing"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_flash_matches_math_on_cuda(case):
+def test_flash_matches_math_on_cuda(case, packed):
     spec = CASES[case]
     B, T, S = 6, 40, 33
     mha = MultiHeadAttention(64, 4).cuda()
     x = torch.randn(B, T, 64, device="cuda")
     memory = torch.randn(B, S, 64, device="cuda") if spec["memory"] else None
-    query_pad = random_pad(B, T).cuda()
-    key_pad = random_pad(B, S).cuda() if spec["memory"] else query_pad
+    query_pad = random_pad(B, T)
+    key_pad = random_pad(B, S) if spec["memory"] else query_pad
+    packing = {"query_packing": host_packing(query_pad, "cuda"), "key_packing": host_packing(key_pad, "cuda")}
+    query_pad = query_pad.cuda()
+    key_pad = key_pad.cuda() if spec["memory"] else query_pad
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        out_f, real, grads_f = run(mha, "flash", x, memory, key_pad, query_pad, spec["causal"])
+        out_f, real, grads_f = run(
+            mha, "flash", x, memory, key_pad, query_pad, spec["causal"], **(packing if packed else {})
+        )
         out_b, _, grads_b = run(mha, "math", x, memory, key_pad, query_pad, spec["causal"])  # math in bf16
     out_m, _, grads_m = run(mha, "math", x, memory, key_pad, query_pad, spec["causal"])  # fp32 reference
 

@@ -47,8 +47,9 @@ def resolve_backend(
     auto → sdpa on CUDA (PyTorch's fused kernels); on a CPU whichever of math and sdpa a timed
     probe found faster for this dtype and head size (forward + backward when gradients are on:
     in bf16 training math wins clearly, in fp32 sdpa). "flash" is asked for by name: on an H200
-    it measured slower than sdpa in training (its unpadding waits for the GPU twice per call;
-    docs/BENCHMARKS.md, "GPU"). An explicit "flash"
+    it measured slower than sdpa in training when its unpadding waited for the GPU twice per call
+    (docs/BENCHMARKS.md, "GPU"; batches now carry that metadata from the host, not yet measured
+    on a GPU). An explicit "flash"
     on a non-CUDA device raises ConfigError (at use: a flash-trained model still loads anywhere).
     Where the varlen kernel cannot run on CUDA, "flash" runs sdpa: fp32 (e.g. evaluation without
     autocast), attention dropout in training (`dropout` > 0; the kernel has none), a head

@@ -18,6 +18,7 @@ joined by spaces, against the reference ids.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -91,12 +92,16 @@ class Validator:
         """(label-smoothed loss, NLL) per target token over every pair but the `skipped` ones."""
         model.eval()
         packed = isinstance(unwrap(model), PacksLogits)  # logits at real target positions only
+        # the host-side packing of each batch: a flash backend never waits for the device (nmt.model.masks.Packing)
+        extra = {"packing"} & set(inspect.signature(unwrap(model).forward).parameters)
         total = torch.zeros(3, dtype=torch.float64)
         for idx in self.sampler.iter_epoch(0):
-            src, tgt_in, tgt_out = (t.to(self.device) for t in load_batch(self.dataset, idx))
+            batch = load_batch(self.dataset, idx).to(self.device)
+            src, tgt_in, tgt_out = batch.src, batch.tgt_in, batch.tgt_out
             keep = tgt_out != PAD_ID  # (B, T)
+            kw = {"packing": batch.packing} if extra else {}
             with autocast(self.device, self.config.train.precision):
-                logits = model(src, tgt_in, keep) if packed else model(src, tgt_in)  # (N, V) or (B, T, V)
+                logits = model(src, tgt_in, keep, **kw) if packed else model(src, tgt_in, **kw)  # (N, V) | (B, T, V)
             target = tgt_out[keep] if packed else tgt_out
             loss, nll, n = label_smoothed_nll(logits, target, self.config.train.label_smoothing)
             total += torch.tensor([loss.item(), nll.item(), n], dtype=torch.float64)

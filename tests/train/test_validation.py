@@ -9,6 +9,7 @@ import pytest
 import torch
 from synthetic import ListDataset
 
+from nmt import PAD_ID
 from nmt.config import load_config
 from nmt.data.batching import collate
 from nmt.model.transformer import build_model
@@ -70,6 +71,24 @@ def test_loss_asks_the_model_for_real_target_positions_only(setup, monkeypatch):
     monkeypatch.setattr(model, "forward", spy)
     validator.loss(model)
     assert seen and all(shape[0] == kept and len(shape) == 2 for shape, kept in seen)  # (N, V)
+
+
+def test_loss_hands_the_batches_host_packing_to_a_model_that_takes_it(setup, monkeypatch):
+    """So that a flash backend never reads lengths back from the device during validation."""
+    _, _, model, validator = setup
+    seen: list[bool] = []
+    forward = model.forward
+
+    def spy(src, tgt_in, keep=None, *, packing=None):
+        src_packing, tgt_packing = packing
+        assert src_packing.cu_seqlens[-1] == int((src != PAD_ID).sum()) and src_packing.width == src.size(1)
+        assert tgt_packing.width == tgt_in.size(1)
+        seen.append(True)
+        return forward(src, tgt_in, keep, packing=packing)
+
+    monkeypatch.setattr(model, "forward", spy)
+    validator.loss(model)
+    assert seen
 
 
 def test_run_reports_pairs_and_skipped(setup):

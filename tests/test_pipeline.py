@@ -83,3 +83,4 @@ def test_an_en_zh_run_learns_the_task_the_other_way(mini_mirror, tmp_path):
     assert vocab["zh"]["byte_fallback"] and not vocab["en"]["byte_fallback"]
     hyps = (run / "eval" / "test.hyp").read_text(encoding="utf-8")
     assert not set(hyps) & set("這個書買貓鳥點")  # the model writes Simplified: its targets were converted
+    assert "Traditional→Simplified" in report["references"]  # and is scored against Simplified references

@@ -1,8 +1,9 @@
 """sacreBLEU BLEU and chrF (optionally TER) of a run's translations, with metric signatures.
 
 `score` is exactly `BLEU(tokenize=...).corpus_score(hyps, [refs])` and
-`CHRF().corpus_score(hyps, [refs])`: detokenised system output against raw references, one
-reference per line; BLEU tokenises with `13a` (sacreBLEU's default) for English and `zh` for a
+`CHRF().corpus_score(hyps, [refs])`: detokenised system output against the references, one
+reference per line (raw for English; for a Chinese target normalised like the training targets,
+`scoring_references`); BLEU tokenises with `13a` (sacreBLEU's default) for English and `zh` for a
 Chinese target. chrF is on sacreBLEU's 0-100 scale (OPUS-MT model cards print it on 0-1).
 
 `evaluate_run` decodes `<run>/corpus/{split}.<src>` (or an external `--src` file), scores it
@@ -25,8 +26,9 @@ from rich.console import Console
 from rich.table import Table
 from sacrebleu.metrics import BLEU, CHRF, TER
 
-from nmt.config import Config, config_to_dict
+from nmt.config import Config, DataConfig, config_to_dict
 from nmt.data import passthrough
+from nmt.data.normalize import normalize_target
 from nmt.decode.options import InferenceOptions
 from nmt.decode.translator import Translator
 from nmt.errors import NmtError
@@ -38,6 +40,18 @@ from nmt.files import atomic_write_json, atomic_write_text
 def bleu_tokenizer(tgt_lang: str) -> str:
     """sacreBLEU tokenizer for a target language: 'zh' for Chinese, '13a' otherwise."""
     return "zh" if tgt_lang.lower().startswith("zh") else "13a"
+
+
+def scoring_references(refs: list[str], data: DataConfig) -> tuple[list[str], str]:
+    """The references hypotheses are scored against, and how they were prepared. English: raw
+    (sacreBLEU's convention). Chinese: normalised as the training targets were (NFKC,
+    Traditional→Simplified with `data.t2s`), because that is the only script and form the model
+    learnt to write: against raw references a Traditional test line would count every
+    correctly translated character that differs in script as wrong."""
+    if not data.tgt_lang.startswith("zh") or not (data.nfkc or data.t2s):
+        return refs, "raw"
+    steps = [name for name, on in (("NFKC", data.nfkc), ("Traditional→Simplified", data.t2s)) if on]
+    return [normalize_target(r, data) for r in refs], f"normalised like the training targets ({', '.join(steps)})"
 
 
 def score(hyps: list[str], refs: list[str], tgt_lang: str = "en", ter: bool = False) -> dict[str, Any]:
@@ -151,9 +165,10 @@ def _decode_and_score(
     translator.stats.reset()
     hyps = translator.translate(src_lines, beam=beam)
     tgt_lang = translator.config.data.tgt_lang
-    result = score(hyps, ref_lines, tgt_lang, ter=ter)
+    refs, prepared = scoring_references(ref_lines, translator.config.data)
+    result = score(hyps, refs, tgt_lang, ter=ter) | {"references": prepared}
     if codes is not None:
-        result["by_code"] = score_by_code(hyps, ref_lines, codes, tgt_lang)
+        result["by_code"] = score_by_code(hyps, refs, codes, tgt_lang)
     result["passthrough"] = passthrough.score_lines(translator.config.data, src_lines, ref_lines, hyps)
     st = translator.stats
     secs = max(st.seconds, 1e-9)
@@ -299,6 +314,7 @@ def markdown_report(report: dict[str, Any]) -> str:
         "",
         f"- BLEU signature: `{report['bleu_signature']}`",
         f"- chrF signature: `{report['chrf_signature']}`",
+        f"- references: {report.get('references', 'raw')}",
         f"- {report['bleu_detail']}",
         f"- decoding: {sp['sentences_per_s']} sentences/s, {sp['tgt_tokens_per_s']} target tokens/s "
         f"({sp['seconds']} s, {report['decode']['device']}, {report['decode']['precision']})",

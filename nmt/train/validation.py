@@ -129,11 +129,12 @@ class Validator:
 
     def run(self, model: nn.Module) -> dict:
         """Loss, perplexity, BLEU, chrF, three sample translations, pairs in the loss and pairs skipped."""
-        from nmt.decode.evaluate import score
+        from nmt.decode.evaluate import score, scoring_references
 
         loss, nll = self.loss(model)
         hyps = self.translate(model)
-        scores = score(hyps, self.refs, tgt_lang=self.config.data.tgt_lang)
+        refs, _ = scoring_references(self.refs, self.config.data)
+        scores = score(hyps, refs, tgt_lang=self.config.data.tgt_lang)
         picks = np.linspace(0, len(hyps) - 1, num=min(3, len(hyps))).astype(int)
         samples = [(self.sources[i], hyps[i], self.refs[i]) for i in picks]
         ppl = math.exp(min(nll, 50.0))

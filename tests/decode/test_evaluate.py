@@ -64,6 +64,24 @@ def test_score_equals_sacrebleu(real_refs):
     assert with_ter["ter"] == sacrebleu.corpus_ter(hyps, [refs]).score and "ter_signature" in with_ter
 
 
+def test_chinese_references_are_scored_as_the_model_learnt_to_write():
+    """An en→zh model trained on Simplified, NFKC targets is scored against references normalised
+    the same way (a correct translation of a Traditional line is not counted wrong); English
+    references stay raw."""
+    from nmt.config import DataConfig
+    from nmt.decode.evaluate import scoring_references
+
+    refs = ["我吃飽了。", "這是我的書，ＯＫ？"]
+    got, how = scoring_references(refs, DataConfig(direction="en-zh"))
+    assert got == ["我吃饱了。", "这是我的书,OK?"] and "Traditional→Simplified" in how and "NFKC" in how
+    assert scoring_references(refs, DataConfig(direction="en-zh", t2s=False, nfkc=False)) == (refs, "raw")
+    english = ["Ｉt's  fine."]
+    assert scoring_references(english, DataConfig(direction="zh-en")) == (english, "raw")
+    hyps = ["我吃饱了。", "这是我的书,OK?"]
+    assert score(hyps, got, tgt_lang="zh")["bleu"] == pytest.approx(100.0)
+    assert score(hyps, refs, tgt_lang="zh")["bleu"] < 60
+
+
 def test_score_chinese_target_uses_zh_tokenizer():
     refs = ["我们在这里等你。", "猫在桌子上睡觉。"]
     hyps = ["我们在这里等。", "猫在桌子上。"]

@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt import host
-from nmt.host import best_time, probe
 from nmt.model.transformer import FeedForward
 
 INT8_KERNELS = ("int8-fbgemm", "int8-qnnpack", "int8-onednn")  # `nmt.host` kernel names
@@ -55,51 +54,18 @@ def int8_kernels() -> list[str]:
 class PackedLinear(torch.nn.Module):
     """An `nn.Linear` (CPU, fp32 or bf16) whose weight is laid out for oneDNN once, at load, instead
     of at every call: the same function up to summation order, faster for the few-row matmuls of
-    decoding (most for the vocabulary projection). Needs the host's ``pack-fp32``/``pack-bf16``.
+    decoding (most for the vocabulary projection). Needs the host's ``pack-fp32``/``pack-bf16``."""
 
-    Below `min_rows` input rows (a sentence decoded alone: one row per step greedy, `beam` rows
-    in beam search) the packed kernel's fixed cost per call can exceed the matmul itself, so the
-    layer then runs the plain `F.linear` on the same (unpacked) weight; `pack_from` measures where
-    packing starts to pay on this host."""
-
-    def __init__(self, linear: torch.nn.Linear, rows_hint: int = 64, min_rows: int = 1) -> None:
+    def __init__(self, linear: torch.nn.Linear, rows_hint: int = 64) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight = linear.weight.detach()  # the plain weight, shared with `linear` (no copy)
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, rows_hint)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows_hint)
         self.bias = None if linear.bias is None else linear.bias.detach()
         self.op = torch.ops.mkldnn._linear_pointwise.default  # the overload: no Python dispatch checks
         self.post_op = "none"  # "relu": relu(linear(x)) in the kernel's epilogue (`fuse_relu`)
-        self.min_rows = min_rows  # fewer input rows: plain F.linear
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.numel() < self.min_rows * self.in_features:
-            y = F.linear(x, self.weight, self.bias)
-            return y.relu_() if self.post_op == "relu" else y
         return self.op(x, self.packed, self.bias, self.post_op, [], "")
-
-
-PACK_ROWS = (1, 2, 4, 8, 16, 32)  # row counts `pack_from` compares the two kernels at
-
-
-def pack_from(in_features: int, out_features: int, dtype: torch.dtype = torch.float32) -> int:
-    """The fewest input rows from which the packed kernel is at least as fast as `F.linear` for a
-    (in_features → out_features) layer in `dtype` on this host (measured once, `nmt.host.probe`);
-    above the largest row count compared, packing is always used."""
-    name = f"pack-from {in_features}x{out_features} {str(dtype).removeprefix('torch.')}"
-    return int(probe(name, lambda: _measure_pack_from(in_features, out_features, dtype)))
-
-
-def _measure_pack_from(in_features: int, out_features: int, dtype: torch.dtype) -> int:
-    linear = torch.nn.Linear(in_features, out_features).to(dtype)
-    packed = PackedLinear(linear, min_rows=0)
-    with torch.inference_mode():
-        for rows in PACK_ROWS:
-            x = torch.randn(rows, 1, in_features, dtype=dtype)
-            plain = best_time(lambda x=x: F.linear(x, packed.weight, packed.bias), repeats=5, inner=20)
-            if best_time(lambda x=x: packed(x), repeats=5, inner=20) <= plain:
-                return rows
-    return PACK_ROWS[-1] * 2
 
 
 def can_pack(dtype: torch.dtype) -> bool:
@@ -114,11 +80,7 @@ def pack_linears(model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> 
         return model
     if hasattr(model, "split_projections"):
         model.split_projections()
-    _replace_modules(
-        model,
-        torch.nn.Linear,
-        lambda lin: PackedLinear(lin, min_rows=pack_from(lin.in_features, lin.out_features, dtype)),
-    )
+    _replace_modules(model, torch.nn.Linear, PackedLinear)
     fuse_relu(model)
     return model
 

@@ -2,11 +2,12 @@
 back (`read_curves`, `read_eval_reports`) — the one owner of its format.
 
 - ``<run>/tb/``: TensorBoard scalars tagged ``<prefix>/<key>``: ``train/loss``, ``train/lr``,
-  ``train/tokens_per_s``, ..., ``valid/bleu``, ``valid/loss``, ...; text ``samples/<i>``.
+  ``train/tokens_per_s``, ``train/mfu`` (a fraction of the measured matmul peak), ...,
+  ``valid/bleu``, ``valid/loss``, ...; text ``samples/<i>``.
   Every scalar is read back (no sampling); when a step was logged twice (a resumed run), the
   later value wins.
 - ``<run>/train.log``: one timestamped line per logged step, validation and event
-  (``2026-12-01 16:40:02 step 25 | loss 7.7109 | ppl 1951 | lr 2.000e-04 | ...``).
+  (``2026-12-01 16:40:02 step 25 | loss 7.7109 | ppl 1951 | lr 2.000e-04 | ... | mfu 41.3% | ...``).
 - ``<run>/eval/*.json``: eval reports (`nmt/decode/evaluate.py`).
 """
 
@@ -132,11 +133,14 @@ class RunLogWriter:
 
 
 def format_values(values: dict[str, float]) -> str:
-    """'loss 3.2140 | ppl 24.88 | lr 5.000e-04' (4 significant figures, lr in scientific notation)."""
+    """'loss 3.2140 | ppl 24.88 | lr 5.000e-04 | mfu 41.3%' (4 significant figures, lr in scientific
+    notation, mfu a percentage)."""
     parts = []
     for k, v in values.items():
         if isinstance(v, int):
             parts.append(f"{k} {v}")
+        elif k == "mfu":
+            parts.append(f"{k} {v:.1%}")
         elif k == "lr":
             parts.append(f"{k} {v:.3e}")
         else:

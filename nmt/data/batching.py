@@ -15,14 +15,18 @@ batches are dropped changes with the epoch's shuffle.
 
 `collate` makes a `Batch`: the padded id tensors plus, for each side, a `Packing` (where the real
 tokens are, cu_seqlens, the longest length) computed here on the host from the sentence lengths, so
-that the flash attention backend never reads them back from the device.
+that the flash attention backend never reads them back from the device, nor training its token
+counts (`Batch.real_tokens`). `Prefetcher` builds batches ahead in a background thread (training on
+a GPU, with `Batch.pin_memory` for copies that do not wait).
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -30,6 +34,8 @@ import torch
 from nmt import BOS_ID, EOS_ID, PAD_ID
 from nmt.errors import NmtError
 from nmt.model.masks import Packing, packing_from_lengths
+
+T = TypeVar("T")
 
 
 class PairDataset(Protocol):
@@ -185,10 +191,23 @@ class Batch:
         """(source, target): what `Transformer.forward(..., packing=)` takes."""
         return self.src_packing, self.tgt_packing
 
+    @property
+    def real_tokens(self) -> tuple[int, int]:
+        """(source, target) real tokens, EOS / BOS included: the sizes of the packings' indices, host
+        ints wherever the tensors are (reading them waits for no device)."""
+        return self.src_packing.index.numel(), self.tgt_packing.index.numel()
+
     def to(self, device: torch.device | str, non_blocking: bool = True) -> Batch:
-        """Every tensor (ids and packings) on `device`; the host ints stay."""
+        """Every tensor (ids and packings) on `device`; the host ints stay. From pinned host memory
+        (`pin_memory`) a copy to a GPU with ``non_blocking`` does not wait."""
         src, tgt_in, tgt_out = (t.to(device, non_blocking=non_blocking) for t in self)
         packings = (p.to(device, non_blocking=non_blocking) for p in self.packing)
+        return Batch(src, tgt_in, tgt_out, *packings)
+
+    def pin_memory(self) -> Batch:
+        """The same batch in page-locked host memory (needs CUDA), for asynchronous copies."""
+        src, tgt_in, tgt_out = (t.pin_memory() for t in self)
+        packings = (Packing(p.index.pin_memory(), p.cu_seqlens.pin_memory(), p.max_len, p.width) for p in self.packing)
         return Batch(src, tgt_in, tgt_out, *packings)
 
 
@@ -218,6 +237,58 @@ def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Batch:
 def load_batch(dataset: PairDataset, indices: np.ndarray) -> Batch:
     """Read the pairs of one batch from a (memory-mapped) dataset and collate them."""
     return collate([dataset.pair(int(i)) for i in indices])
+
+
+class Prefetcher(Generic[T]):
+    """The items of `source` in order, made up to `depth` ahead by a background (daemon) thread.
+
+    ``next()`` waits for the next item, or re-raises what `source` raised (every later call too);
+    `close()` stops the thread, which then makes at most the item it is on. Made for batch building,
+    whose NumPy reads and small torch ops mostly leave the interpreter lock to the training thread.
+    """
+
+    def __init__(self, source: Iterator[T], depth: int = 2) -> None:
+        if depth < 1:
+            raise ValueError(f"prefetch depth {depth} < 1")
+        self._queue: queue.Queue[tuple[T | None, BaseException | None]] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(source,), name="nmt-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self, source: Iterator[T]) -> None:
+        try:
+            for item in source:
+                if not self._put((item, None)):
+                    return
+        except BaseException as e:  # noqa: BLE001 — handed to the consumer, raised there
+            self._put((None, e))
+            return
+        self._put((None, StopIteration()))
+
+    def _put(self, entry: tuple[T | None, BaseException | None]) -> bool:
+        """Queue `entry` unless closed meanwhile (False)."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(entry, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Prefetcher[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._error is None:
+            item, self._error = self._queue.get()
+            if self._error is None:
+                return item  # type: ignore[return-value]
+        raise self._error
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
 
 
 def padding_fraction(*tensors: torch.Tensor) -> tuple[int, int]:

@@ -1,6 +1,8 @@
 """Analytic training FLOPs of the Transformer and measured matmul peak, for MFU.
 
 MFU = (train_flops of the batches processed) / (elapsed seconds × matmul_peak_flops).
+Training logs it (`nmt.train.progress`) against `training_peak_flops`, the peak in the run's precision
+on its device, measured once per host; scripts/bench_train.py measures its own.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ import time
 import torch
 
 from nmt.config import ModelConfig
+from nmt.host import probe
+
+PEAK_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def forward_flops(
@@ -81,3 +86,23 @@ def matmul_peak_flops(
         _sync(device)
         best = min(best, time.perf_counter() - start)
     return 2.0 * n**3 * repeats / best
+
+
+def training_peak_flops(device: torch.device, precision: str) -> float:
+    """The matmul peak that training's MFU divides by: `matmul_peak_flops` in the dtype of
+    `precision` (resolved: fp32, bf16 or fp16) on `device`, measured once per host and cached
+    (`nmt.host.probe`; the name carries the GPU's). Square matmuls of 8192 on CUDA, large enough to
+    reach a big GPU's peak; of 512 on a CPU, small enough that an emulated bf16 matmul takes seconds."""
+    dtype = PEAK_DTYPES[precision]
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        where, n = torch.cuda.get_device_name(index), 8192
+    else:
+        where, n = "cpu", 512
+    measure = lambda: matmul_peak_flops(dtype, n=n, repeats=5, device=device)  # noqa: E731
+    return float(probe(f"matmul-peak {precision} {where} {n}", measure))
+
+
+def mfu(flops: float, seconds: float, peak: float) -> float:
+    """Model FLOPs utilisation: `flops` done in `seconds` over the `peak` rate (0 without a peak)."""
+    return flops / seconds / peak if peak > 0 and seconds > 0 else 0.0

@@ -14,10 +14,17 @@ states, optimizer and schedule (bit-identical on one process; with several ranks
 budget of training-loop wall time — updates, validation and checkpoint writes — summed over
 all resumed invocations (``nmt.train.stopping`` says exactly what counts).
 
-The pieces, one seam each: `TrainData` (this rank's batches, tokenizers, validator),
-`build_seeded` / `wrap` (the model), `resume_checkpoint` (resume), `StoppingRules` (when to
-stop), `EvalHook` (validation and checkpoints), `TrainLog` + `_Progress` (logging); `_Run`
-only wires them together and runs the loop.
+The loop does not wait for the device between updates: `Trainer.update` reads nothing back,
+and the loop settles the issued updates (`Trainer.flush`, one read-back) only where it needs their
+values — every ``train.log_every`` updates, at evaluation and at a stop. On a GPU the next groups of
+batches are built ahead in a background thread, in pinned memory (`_Feed`); on the CPU they are
+built when used. Either way the same batches, and the same data position in each checkpoint.
+
+The pieces, one seam each: `TrainData` (this rank's batches, tokenizers, validator), `_Feed` (the
+batches of each update), `build_seeded` / `wrap` (the model), `resume_checkpoint` (resume),
+`StoppingRules` (when to stop), `EvalHook` (validation and checkpoints), `TrainLog` +
+`TrainProgress` (logging, MFU against the measured matmul peak); `_Run` only wires them together
+and runs the loop.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from __future__ import annotations
 import random
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,12 +43,13 @@ from torch import nn
 
 from nmt import checkpoint as ckpt
 from nmt.config import Config
-from nmt.data.batching import TokenBatchSampler, load_batch
+from nmt.data.batching import Batch, PairDataset, Prefetcher, TokenBatchSampler, load_batch
 from nmt.data.vocab import check_vocab_copied
-from nmt.device import check_precision, describe, resolve_device, set_threads
-from nmt.runlog import TB_DIR, format_values
+from nmt.device import check_precision, describe, resolve_device, resolve_precision, set_threads
+from nmt.model.flops import train_flops, training_peak_flops
+from nmt.runlog import TB_DIR
 from nmt.train.distributed import DistInfo, barrier, init_distributed, teardown
-from nmt.train.progress import TrainLog
+from nmt.train.progress import TrainLog, TrainProgress
 from nmt.train.resume import init_weights, reshard, resume_checkpoint
 from nmt.train.stopping import StoppingRules
 from nmt.train.update import StepResult, Trainer, TrainState
@@ -70,7 +78,8 @@ def fit(
     on_step: Callable[[StepResult], None] | None = None,
 ) -> dict:
     """`train` with hooks: `build(config, src_vocab, tgt_vocab)` replaces `nmt.model.transformer.build_model`
-    (any module with ``forward(src, tgt_in) -> logits`` works), `on_step` sees every update."""
+    (any module with ``forward(src, tgt_in) -> logits`` works; no MFU then), `on_step` sees every
+    update, settled, in order, at the loop's flush points."""
     device = resolve_device(config.train.device)
     info, device = init_distributed(device)
     try:
@@ -100,13 +109,58 @@ class _Stream:
         return group
 
 
+PREFETCH_DEVICES = ("cuda",)  # device types whose batches are built ahead (tests add "cpu")
+PREFETCH_DEPTH = 3  # groups of micro-batches built ahead at most
+
+
+class _Feed:
+    """This rank's groups of ``update_freq`` micro-batches, in order, from the position in TrainState.
+
+    By default `next` reads and collates the group it hands out. On a device in `PREFETCH_DEVICES`
+    a `Prefetcher` thread builds the next groups from its own copy of the position (pinned on
+    CUDA, so that their copies to the GPU do not wait); TrainState's position advances only as
+    groups are handed out, so a checkpoint saves the position of the batches trained on, never of
+    those built ahead. Both hand out the same batches."""
+
+    def __init__(self, data: TrainData, k: int, state: TrainState, device: torch.device) -> None:
+        self.dataset, self.k, self.stream = data.dataset, k, _Stream(data.sampler)
+        self.ahead: Prefetcher | None = None
+        if device.type in PREFETCH_DEVICES:
+            cursor = TrainState(epoch=state.epoch, batch_in_epoch=state.batch_in_epoch)
+            groups = _groups(_Stream(data.sampler), data.dataset, cursor, k, pin=device.type == "cuda")
+            self.ahead = Prefetcher(groups, PREFETCH_DEPTH)
+
+    def next(self, state: TrainState) -> list[Batch]:
+        """The next group's batches; advances `state`'s data position past them."""
+        group = self.stream.take(state, self.k)
+        if self.ahead is None:
+            return [load_batch(self.dataset, idx) for idx in group]
+        built, batches = next(self.ahead)
+        if len(built) != len(group) or not all(np.array_equal(a, b) for a, b in zip(built, group, strict=True)):
+            raise RuntimeError("prefetched batches out of step with the data position")
+        return batches
+
+    def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.close()
+
+
+def _groups(
+    stream: _Stream, dataset: PairDataset, cursor: TrainState, k: int, pin: bool
+) -> Iterator[tuple[list[np.ndarray], list[Batch]]]:
+    """Every group from `cursor` on, across epochs: its indices and batches (pinned with `pin`)."""
+    while True:
+        group = stream.take(cursor, k)
+        batches = [load_batch(dataset, idx) for idx in group]
+        yield group, [b.pin_memory() for b in batches] if pin else batches
+
+
 @dataclass
 class TrainData:
     """This rank's training batches, the run's tokenizers (None without a vocab) and, on rank 0, the validator."""
 
     dataset: Any  # ParallelSplit of "train"
     sampler: TokenBatchSampler
-    stream: _Stream
     src_tok: Any
     tgt_tok: Any
     validator: Validator | None
@@ -129,7 +183,7 @@ class TrainData:
         if info.is_main:
             valid = ParallelSplit.open(run_dir, "valid", config)
             validator = Validator(config, run_dir, valid, device, tgt_tok)
-        return cls(dataset, sampler, _Stream(sampler), src_tok, tgt_tok, validator)
+        return cls(dataset, sampler, src_tok, tgt_tok, validator)
 
     def vocab_sizes(self, config: Config) -> tuple[int, int]:
         """(source, target) vocabulary sizes: the tokenizers', else the config's."""
@@ -204,7 +258,11 @@ class _Run:
             shutil.rmtree(run_dir / TB_DIR, ignore_errors=True)
         barrier()  # no rank may look for checkpoints before rank 0 has cleared them
         self.data = TrainData.open(config, run_dir, device, info)
-        self.model = build_seeded(config, self.data.vocab_sizes(config), device, build)
+        self.vocab = self.data.vocab_sizes(config)
+        self.peak = 0.0  # matmul FLOP/s for MFU: the Transformer's, on rank 0 (which logs)
+        if info.is_main and build is None:
+            self.peak = training_peak_flops(device, resolve_precision(device, t.precision))
+        self.model = build_seeded(config, self.vocab, device, build)
         self.resumed = resume_checkpoint(self.model, self.ckpt_dir)
         if self.resumed.path is None and t.init_from:
             check_vocab_copied(config, run_dir)
@@ -222,44 +280,83 @@ class _Run:
 
     def loop(self, on_step: Callable[[StepResult], None] | None = None) -> dict:
         """Update until a stopping rule fires, validate/checkpoint once more; the summary (rank 0)."""
-        self.on_step = on_step
+        self.on_step, self.issued = on_step, []
+        t = self.config.train
         with self.log:
             self._describe()
-            self.progress = _Progress(self.log, self.config.train.log_every, len(self.data.sampler))
-            self.rules.start_clock(self.state)
-            stop = self.rules.before_update(self.state)
-            while stop is None:
-                self._one_update()
-                evaluated = self.evaluate.due(self.state.step, self.state.last_eval_step)
-                if evaluated:
-                    self._evaluate()
-                after = self.rules.after_update(self.state, evaluated, self.device, self.info.world_size)
-                stop = self.rules.before_update(self.state) or after
+            self.progress = TrainProgress(self.log, t.log_every, len(self.data.sampler), self.peak)
+            self.feed = _Feed(self.data, t.update_freq, self.state, self.device)
+            try:
+                stop = self._updates()
+            finally:
+                self.feed.close()
+            self._settle()
             if self.state.last_eval_step != self.state.step or ckpt.latest_checkpoint(self.ckpt_dir) is None:
                 self._evaluate()
             barrier()
             self.log.line(self.rules.describe(stop, self.state))
         return self._summary(stop) if self.info.is_main else {}
 
+    def _updates(self) -> str | None:
+        """Updates, with evaluations when due, until a stopping rule fires; its name."""
+        self.rules.start_clock(self.state)
+        stop = self.rules.before_update(self.state)
+        while stop is None:
+            self._one_update()
+            evaluated = self.evaluate.due(self.state.step, self.state.last_eval_step)
+            if evaluated:
+                self._evaluate()
+            after = self.rules.after_update(self.state, evaluated, self.device, self.info.world_size)
+            stop = self.rules.before_update(self.state) or after
+        return stop
+
     def _evaluate(self) -> None:
         self.evaluate(self.model, self.trainer, lambda: self.rules.tick(self.state))
 
     def _one_update(self) -> None:
-        s = self.state
+        """Issue one update; settle where the loop needs the step count settled (`_settle_due`)."""
         start = time.monotonic()
-        group = self.data.stream.take(s, self.config.train.update_freq)
-        result = self.trainer.update([load_batch(self.data.dataset, idx) for idx in group])
-        seconds = time.monotonic() - start
-        s.tokens += result.tokens
-        if self.on_step is not None:
-            self.on_step(result)
-        self.progress.record(result, seconds, s)
+        batches = self.feed.next(self.state)
+        result = self.trainer.update(batches)
+        result.flops = self._flops(batches) if self.peak else 0.0
+        self.issued.append(result)
+        self.progress.add_time(time.monotonic() - start)
+        self.progress.issued(self.state.step)
+        if self._settle_due():
+            self._settle()
+
+    def _flops(self, batches: list[Batch]) -> float:
+        """Analytic training FLOPs of this rank's batches (`train_flops`: real tokens, padded lengths)."""
+        m, vocab = self.config.model, self.vocab[1]
+        return sum(train_flops(m, *b.real_tokens, b.src.size(1), b.tgt_out.size(1), vocab) for b in batches)
+
+    def _settle_due(self) -> bool:
+        """A log, evaluation or stop point by the provisional step count (where the loop must know
+        whether it holds: a skipped update takes the count back)."""
+        s = self.state
+        due = s.step % self.config.train.log_every == 0 or self.evaluate.due(s.step, s.last_eval_step)
+        return due or self.rules.before_update(s) is not None
+
+    def _settle(self) -> None:
+        """Flush the trainer (its wait for the device counts as update time), then report every
+        update issued since the last settle, in order."""
+        start = time.monotonic()
+        self.trainer.flush()
+        self.progress.add_time(time.monotonic() - start)
+        issued, self.issued = self.issued, []
+        for result in issued:
+            if self.on_step is not None:
+                self.on_step(result)
+            self.progress.record(result, self.state)
 
     def _describe(self) -> None:
         for note in self.resumed.notes:
             self.log.line(note)
         self.log.line(describe_model(self.model))
         self.log.line(f"device: {describe(self.device, self.config.train.precision)}, ranks {self.info.world_size}")
+        if self.peak:
+            peak = f"{self.peak / 1e12:.1f} TFLOP/s" if self.peak >= 1e12 else f"{self.peak / 1e9:.1f} GFLOP/s"
+            self.log.line(f"matmul peak {peak} (measured once per host): mfu is against it")
         self.log.line(self.data.describe())
         if self.resumed.path is not None:
             self.log.line(f"resumed from {self.resumed.path} (step {self.state.step}, epoch {self.state.epoch})")
@@ -279,63 +376,4 @@ class _Run:
             "nonfinite": s.nonfinite_total,
             "stopped": stop or "",
             "checkpoint": str(latest) if latest else "",
-        }
-
-
-class _Progress:
-    """Per-update output: the bar (loss, lr, speed), skipped-update lines, train/* scalars every log_every."""
-
-    def __init__(self, log: TrainLog, log_every: int, batches_per_epoch: int) -> None:
-        self.log, self.log_every, self.batches_per_epoch = log, log_every, max(batches_per_epoch, 1)
-        self.window, self.tokens, self.seconds = _Window(), 0, 0.0
-
-    @property
-    def speed(self) -> float:
-        """Target tokens per second of update time in this invocation (validation excluded)."""
-        return self.tokens / max(self.seconds, 1e-9)
-
-    def epochs(self, s: TrainState) -> float:
-        return s.epoch + s.batch_in_epoch / self.batches_per_epoch
-
-    def record(self, result: StepResult, seconds: float, s: TrainState) -> None:
-        self.tokens, self.seconds = self.tokens + result.tokens, self.seconds + seconds
-        if result.skipped:
-            self.log.line(f"step {s.step + 1}: non-finite loss/gradient, update skipped ({s.nonfinite_run} in a row)")
-            return
-        self.window.add(result)
-        self.log.advance(s.step, f"loss {result.loss:.3f} lr {result.lr:.2e} {self.speed:,.0f} tok/s")
-        if s.step % self.log_every == 0:
-            values, self.window = self.window.values(), _Window()
-            values["epoch"] = self.epochs(s)
-            self.log.scalars("train", values, s.step)
-            self.log.line(f"step {s.step} | " + format_values(values))
-
-
-class _Window:
-    """Train statistics between two log lines."""
-
-    def __init__(self) -> None:
-        self.t0 = time.monotonic()
-        self.loss = self.nll = self.norm = 0.0
-        self.tokens = self.steps = self.pad = self.slots = 0
-        self.lr = 0.0
-
-    def add(self, r: StepResult) -> None:
-        self.loss += r.loss * r.tokens
-        self.nll += r.nll * r.tokens
-        self.tokens += r.tokens
-        self.norm += r.grad_norm
-        self.steps += 1
-        self.pad, self.slots, self.lr = self.pad + r.pad, self.slots + r.slots, r.lr
-
-    def values(self) -> dict[str, Any]:
-        n = max(self.tokens, 1)
-        seconds = max(time.monotonic() - self.t0, 1e-9)
-        return {
-            "loss": self.loss / n,
-            "ppl": float(np.exp(min(self.nll / n, 50.0))),
-            "lr": self.lr,
-            "grad_norm": self.norm / max(self.steps, 1),
-            "tokens_per_s": self.tokens / seconds,
-            "padding_waste": self.pad / max(self.slots, 1),
         }

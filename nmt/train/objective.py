@@ -42,7 +42,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 
 
 def label_smoothed_nll(
-    logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int = PAD_ID
+    logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int = PAD_ID, packed: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Summed label-smoothed cross-entropy over non-pad target positions.
 
@@ -55,13 +55,18 @@ def label_smoothed_nll(
     i.e. the smoothing mass ε is spread uniformly over all V classes (the same definition as
     ``F.cross_entropy(label_smoothing=ε)``). Returns (loss sum, plain NLL sum, token count);
     divide by the token count for the per-token loss (the NLL gives the perplexity).
+    `packed=True` promises that `target` holds no `ignore_index` (logits packed to the real
+    positions, the training path): nothing is masked and the count is the target's size, so
+    nothing is read back from the device. Otherwise the pad mask is counted on the host.
     """
     logits = logits.float().flatten(0, -2)  # (N, V)
     target = target.reshape(-1)
-    mask = target != ignore_index
-    n = int(mask.sum())
-    if n < target.numel():  # packed logits (the training path) skip this (N, V) copy
-        logits, target = logits[mask], target[mask]
+    n = target.numel()
+    if not packed:
+        mask = target != ignore_index
+        n = int(mask.sum())
+        if n < target.numel():  # already packed logits skip this (N, V) copy
+            logits, target = logits[mask], target[mask]
     loss, nll = _SmoothedCrossEntropy.apply(logits, target, epsilon)
     return loss.sum(), nll.sum(), n
 

@@ -4,10 +4,24 @@
 (B, T, V), wrapped in DDP or torch.compile or not; a model that `PacksLogits` is asked for logits at the
 non-pad target positions only, packed (N, V). A `nmt.data.batching.Batch` brings the host-computed
 packing of its source and target; it goes to the device with the ids and on to a model whose
-``forward`` takes ``packing=`` (the Transformer: its flash backend then never waits for the device).
+``forward`` takes ``packing=`` (the Transformer: its flash backend then never waits for the device),
+and its target index picks the packed targets.
 The loss of an update is normalised by the number of target tokens summed over every micro-batch
 and every rank, so one process with ``update_freq = k`` and k processes with ``update_freq = 1``
 compute the same gradient.
+
+`Trainer.update` never waits for the device: token counts come from the host (a `Batch`'s packings),
+the loss, NLL and gradient norm stay device tensors, and an update whose loss or gradient norm is
+not finite is skipped on the device (fused AdamW's ``found_inf``: no weight and no optimizer state
+changes). `Trainer.flush` settles the pending updates — one read-back of all their values — and does
+the host bookkeeping: `TrainState.step` counts an update as applied when it is issued and takes it
+back there if it was skipped; the non-finite counters and the divergence abort follow. The loop
+flushes at log, evaluation and stop points; `update` flushes by itself when the pending updates
+could complete a run of ``train.max_nonfinite`` non-finite losses, so training aborts at the same
+update as with a read-back per step. Between a skipped update and the flush that finds it, the
+learning-rate schedule runs one update ahead per skip. fp16 keeps one wait per update (its
+GradScaler decides on the host); boolean masks still wait (the padded targets of a model that does
+not pack logits, the Transformer's own selection of the ``keep`` positions).
 """
 
 from __future__ import annotations
@@ -17,7 +31,9 @@ import dataclasses
 import inspect
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -43,7 +59,7 @@ LogitsTarget = tuple[torch.Tensor, torch.Tensor]  # (B,T,V), (B,T) or packed (N,
 class TrainState:
     """Counters that a checkpoint restores (all plain ints/floats)."""
 
-    step: int = 0  # optimizer updates done
+    step: int = 0  # optimizer updates done (an issued one counts until `Trainer.flush` finds it skipped)
     epoch: int = 0  # current epoch (0-based)
     batch_in_epoch: int = 0  # this rank's micro-batches already consumed in `epoch`
     best_bleu: float = -1.0
@@ -64,21 +80,71 @@ class TrainState:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-@dataclass
-class StepResult:
-    step: int  # 1-based number of the update this result is (or would have been, if skipped)
+@dataclass(frozen=True)
+class Settled:
+    """One update as the device decided it, read back by `Trainer.flush`."""
+
+    step: int  # 1-based number of the update (or the number it would have had, if skipped)
     loss: float  # label-smoothed loss per target token
     nll: float  # per target token (perplexity = exp(nll))
     tokens: int  # target tokens in the update, all ranks
-    grad_norm: float
-    lr: float
-    skipped: bool  # update not applied (non-finite loss or fp16 overflow)
-    pad: int = 0  # padding slots in the update's src + tgt_out (this rank)
-    slots: int = 0  # all slots in src + tgt_out (this rank)
+    grad_norm: float  # before clipping
+    skipped: bool  # update not applied (non-finite loss or gradient, or fp16 overflow)
+    nonfinite_run: int  # non-finite losses in a row, this update included
+
+
+class StepResult:
+    """One optimizer update as `Trainer.update` issued it.
+
+    Host facts are there at once: `lr`, `pad` and `slots` (padding and all slots in the update's
+    src + tgt_out, this rank), `flops` (set by the training loop; 0 = not counted) and
+    `issued_as` (the provisional update number). What the device decides — `step`, `loss`, `nll`,
+    `tokens`, `grad_norm`, `skipped` — arrives with `Trainer.flush`, read back together for every
+    pending update; reading one of them earlier flushes (a wait for the device, the reader's choice).
+    """
+
+    def __init__(self, number: int, lr: float, pad: int, slots: int, flush: Callable[[], None]) -> None:
+        self.issued_as, self.lr, self.pad, self.slots = number, lr, pad, slots
+        self.flops = 0.0
+        self.settled: Settled | None = None
+        self._flush = flush
+
+    def _get(self) -> Settled:
+        if self.settled is None:
+            self._flush()
+        if self.settled is None:  # flush raised (training diverged) before it reached this update
+            raise NmtError(f"update {self.issued_as} was dropped: training stopped before it was read back")
+        return self.settled
+
+    step = property(lambda self: self._get().step)
+    loss = property(lambda self: self._get().loss)
+    nll = property(lambda self: self._get().nll)
+    tokens = property(lambda self: self._get().tokens)
+    grad_norm = property(lambda self: self._get().grad_norm)
+    skipped = property(lambda self: self._get().skipped)
+
+
+class _Pending(NamedTuple):
+    result: StepResult
+    stats: torch.Tensor  # (5,) float64 on the device: loss sum, NLL sum, target tokens, grad norm, non-finite
+    overflow: bool  # fp16: the GradScaler skipped the step (decided on the host)
+
+
+def host_counts(batch: Batch | Tensors) -> tuple[int, int, int]:
+    """(target tokens, padding slots in src + tgt_out, all slots in src + tgt_out) of a micro-batch,
+    from the host: a `Batch`'s packings (whose sizes are shapes, on any device), else the tensors
+    (free on the CPU, a wait for the device elsewhere)."""
+    src, _, tgt_out = batch
+    if isinstance(batch, Batch):
+        src_real, tgt_real = batch.real_tokens
+    else:
+        src_real, tgt_real = int((src != PAD_ID).sum()), int((tgt_out != PAD_ID).sum())
+    slots = src.numel() + tgt_out.numel()
+    return tgt_real, slots - src_real - tgt_real, slots
 
 
 class Trainer:
-    """Owns the optimizer and loss scaler of `model`; `update()` applies one step."""
+    """Owns the optimizer and loss scaler of `model`; `update()` issues one step, `flush()` settles."""
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, device: torch.device, state: TrainState | None = None):
         self.model, self.cfg, self.device = model, cfg, device
@@ -88,30 +154,48 @@ class Trainer:
         self.state = state or TrainState()
         self.packed = isinstance(unwrap(model), PacksLogits)  # through DDP / torch.compile
         self.takes_packing = "packing" in inspect.signature(unwrap(model).forward).parameters
+        self.fused = bool(self.optimizer.defaults.get("fused"))  # its step takes found_inf: skips on the device
+        self._pending: list[_Pending] = []
 
     def update(self, batches: list[Batch | Tensors]) -> StepResult:
-        """Forward/backward every micro-batch, then one optimizer step (or a counted skip)."""
+        """Forward/backward every micro-batch, then one optimizer step (skipped on the device where
+        the loss or gradient norm is not finite); the result settles at `flush`."""
         self.model.train()
-        batches = [self._on_device(b) for b in batches]
-        local = sum(int((b[2] != PAD_ID).sum()) for b in batches)
-        total = all_reduce_sum(torch.tensor([float(local)], device=self.device)).item()
-        scale = world_size() / total
-        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, nll, tokens
-        for i, (src, tgt_in, tgt_out, packing) in enumerate(batches):
-            with self._no_sync(last=i == len(batches) - 1):
-                with autocast(self.device, self.cfg.precision):
-                    logits, target = self._logits(src, tgt_in, tgt_out, packing)
-                loss, nll, n = label_smoothed_nll(logits, target, self.cfg.label_smoothing)
-                self.scaler.scale(loss * scale).backward()
-            sums += torch.stack([loss.detach().double(), nll.double(), torch.tensor(float(n), device=self.device)])
-        all_reduce_sum(sums)
-        loss_tok, nll_tok = (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
-        pad = sum(int((b[0] == PAD_ID).sum() + (b[2] == PAD_ID).sum()) for b in batches)
-        slots = sum(b[0].numel() + b[2].numel() for b in batches)
+        counts = [host_counts(b) for b in batches]
+        moved = [self._on_device(b) for b in batches]
+        tokens, scale = self._normaliser(sum(c[0] for c in counts))
+        sums = self._forward_backward(moved, scale)
         number = self.state.step + 1
         lr = learning_rate(number, self.cfg)
-        norm, applied = self._apply(lr, finite_loss=math.isfinite(loss_tok))
-        return StepResult(number, loss_tok, nll_tok, int(total), norm, lr, not applied, pad, slots)
+        norm, bad, overflow = self._apply(lr, sums[0])
+        self.state.step = number  # provisional: `flush` takes it back if the update was skipped
+        result = StepResult(number, lr, sum(c[1] for c in counts), sum(c[2] for c in counts), self.flush)
+        stats = torch.stack([sums[0], sums[1], tokens, norm.double(), bad.double()])
+        self._pending.append(_Pending(result, stats, overflow))
+        if len(self._pending) >= self.cfg.max_nonfinite - self.state.nonfinite_run:
+            self.flush()  # these could complete a run of max_nonfinite: abort at the update that does
+        return result
+
+    def flush(self) -> None:
+        """Settle every pending update: one read-back of their device values, then, in issue order,
+        each one's number, `state.step` taken back for a skipped one, the target tokens and the
+        non-finite counters (NmtError at ``train.max_nonfinite`` in a row). No-op when none is pending."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        rows = torch.stack([p.stats for p in pending]).tolist()  # the one wait for the device
+        s = self.state
+        s.step -= len(pending)
+        for p, (loss, nll, tokens, norm, bad) in zip(pending, rows, strict=True):
+            s.tokens += int(tokens)
+            skipped = bool(bad) or p.overflow
+            run = s.nonfinite_run + 1 if bad else 0
+            p.result.settled = Settled(s.step + 1, loss / tokens, nll / tokens, int(tokens), norm, skipped, run)
+            if bad:
+                self._count_nonfinite()
+            else:
+                s.nonfinite_run = 0
+                s.step += 0 if skipped else 1
 
     def _on_device(self, batch: Batch | Tensors) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Packings]:
         """src, tgt_in, tgt_out and, for a `Batch` and a model that takes it, the packing, on the device."""
@@ -121,42 +205,86 @@ class Trainer:
         src, tgt_in, tgt_out = (t.to(self.device, non_blocking=True) for t in batch)
         return src, tgt_in, tgt_out, None
 
+    def _normaliser(self, local: int) -> tuple[torch.Tensor, float | torch.Tensor]:
+        """(target tokens of the update over all ranks, a float64 device scalar; the loss scale
+        world size / that). One rank: the scale is a host float. Several: a device scalar after an
+        all-reduce, rounded to fp32 as the host float would be."""
+        if world_size() == 1:
+            return torch.full((), float(local), dtype=torch.float64, device=self.device), 1.0 / local
+        total = all_reduce_sum(torch.full((1,), float(local), dtype=torch.float64, device=self.device))[0]
+        return total, (world_size() / total).float()
+
+    def _forward_backward(self, batches: list[tuple], scale: float | torch.Tensor) -> torch.Tensor:
+        """Backward of every micro-batch's loss × `scale`; (loss sum, NLL sum) float64, summed over ranks."""
+        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for i, (src, tgt_in, tgt_out, packing) in enumerate(batches):
+            with self._no_sync(last=i == len(batches) - 1):
+                with autocast(self.device, self.cfg.precision):
+                    logits, target = self._logits(src, tgt_in, tgt_out, packing)
+                loss, nll, _ = label_smoothed_nll(logits, target, self.cfg.label_smoothing, packed=self.packed)
+                self.scaler.scale(loss * scale).backward()
+            sums += torch.stack([loss.detach(), nll]).double()
+        return all_reduce_sum(sums)
+
     def _logits(
         self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, packing: Packings
     ) -> LogitsTarget:
-        """(logits, target): packed (N, V), (N,) for a model that packs logits, else (B, T, V), (B, T)."""
+        """(logits, target): packed (N, V), (N,) for a model that packs logits, else (B, T, V), (B, T).
+        With a packing the packed target is gathered at its host-computed index (no read-back)."""
         extra = {} if packing is None else {"packing": packing}
         if not self.packed:
             return self.model(src, tgt_in, **extra), tgt_out
         keep = tgt_out != PAD_ID  # (B, T)
-        return self.model(src, tgt_in, keep, **extra), tgt_out[keep]
+        target = tgt_out[keep] if packing is None else tgt_out.flatten()[packing[1].index]
+        return self.model(src, tgt_in, keep, **extra), target
 
     def _no_sync(self, last: bool) -> contextlib.AbstractContextManager:
         if not last and hasattr(self.model, "no_sync"):
             return self.model.no_sync()
         return contextlib.nullcontext()
 
-    def _apply(self, lr: float, finite_loss: bool) -> tuple[float, bool]:
-        """Unscale, clip, step; skip on non-finite. Returns (grad norm, applied)."""
+    def _apply(self, lr: float, loss_sum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """Unscale, clip, step, zero the gradients. Returns the gradient norm before clipping and the
+        non-finite flag (device tensors), and whether fp16's GradScaler skipped for an overflow.
+
+        Flagged: a non-finite loss, or a non-finite gradient norm without a loss scaler (with fp16
+        that is the scaler's overflow). A flagged update changes no weight and no optimizer state."""
         self.scaler.unscale_(self.optimizer)
         max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else math.inf
-        norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
-        if not finite_loss or (not math.isfinite(norm) and not self.scaler.is_enabled()):
-            self.optimizer.zero_grad(set_to_none=True)
-            if self.scaler.is_enabled():
-                self.scaler.update()
-            self._count_nonfinite()
-            return norm, False
-        self.state.nonfinite_run = 0
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        finite = torch.isfinite(loss_sum)
+        if not self.scaler.is_enabled():
+            finite = finite & torch.isfinite(norm)
+        bad = ~finite
         set_learning_rate(self.optimizer, lr)
-        scale_before = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-        self.scaler.step(self.optimizer)  # fp16: skipped by the scaler on inf/nan gradients
-        self.scaler.update()
+        overflow = self._step_scaled(bad) if self.scaler.is_enabled() else self._step(bad)
         self.optimizer.zero_grad(set_to_none=True)
-        if self.scaler.is_enabled() and self.scaler.get_scale() < scale_before:
-            return norm, False  # fp16 overflow: the scaler lowered its scale and skipped
-        self.state.step += 1
-        return norm, True
+        return norm, bad, overflow
+
+    def _step(self, bad: torch.Tensor) -> bool:
+        """The optimizer step unless `bad`: decided on the device by fused AdamW (its step counts are
+        restored too); an optimizer without ``found_inf`` reads the flag back. Never an overflow."""
+        if not self.fused:
+            if not bool(bad):
+                self.optimizer.step()
+            return False
+        self.optimizer.found_inf = bad.float()
+        try:
+            self.optimizer.step()
+        finally:
+            del self.optimizer.found_inf
+        return False
+
+    def _step_scaled(self, bad: torch.Tensor) -> bool:
+        """fp16: the GradScaler decides on the host (a wait per update); True when it skipped the step
+        for an overflow (it then lowered its scale). A non-finite loss only updates the scaler."""
+        if bool(bad):
+            self.scaler.update()
+            return False
+        scale_before = self.scaler.get_scale()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return self.scaler.get_scale() < scale_before
 
     def _count_nonfinite(self) -> None:
         self.state.nonfinite_run += 1
@@ -170,6 +298,8 @@ class Trainer:
     # ----------------------------------------------------------------- checkpoint state
 
     def state_dict(self) -> dict:
+        """What a checkpoint saves (pending updates are settled first)."""
+        self.flush()
         return {
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
@@ -183,6 +313,7 @@ class Trainer:
         if d.get("scaler") and self.scaler.is_enabled():
             self.scaler.load_state_dict(d["scaler"])
         self.state = TrainState.from_dict(d["train"])
+        self._pending = []
         if restore_rng:
             set_rng_state(d["rng"])
 

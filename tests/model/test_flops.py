@@ -9,7 +9,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from nmt.config import ModelConfig
-from nmt.model.flops import forward_flops, matmul_peak_flops, train_flops
+from nmt.model.flops import forward_flops, matmul_peak_flops, mfu, train_flops
 from nmt.model.transformer import Transformer
 
 
@@ -47,3 +47,30 @@ def test_train_flops_equals_torch_flop_counter(tie):
 def test_matmul_peak_flops_is_a_positive_rate():
     rate = matmul_peak_flops(torch.float32, n=128, repeats=2, device="cpu")
     assert math.isfinite(rate) and 1e6 < rate < 1e15
+
+
+def test_training_peak_is_measured_once_per_host_in_the_runs_precision(monkeypatch, tmp_path):
+    from nmt import host
+    from nmt.model import flops
+
+    monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path))
+    host.forget()
+    calls = []
+
+    def fake_peak(dtype, n, repeats, device):
+        calls.append((dtype, n, torch.device(device).type))
+        return 1e12 if dtype == torch.bfloat16 else 5e11
+
+    monkeypatch.setattr(flops, "matmul_peak_flops", fake_peak)
+    cpu = torch.device("cpu")
+    assert flops.training_peak_flops(cpu, "fp32") == flops.training_peak_flops(cpu, "fp32") == 5e11
+    assert flops.training_peak_flops(cpu, "bf16") == 1e12
+    assert calls == [(torch.float32, 512, "cpu"), (torch.bfloat16, 512, "cpu")]
+    host.forget()  # a new process reads the measurement from disk
+    assert flops.training_peak_flops(cpu, "bf16") == 1e12 and len(calls) == 2
+    host.forget()
+
+
+def test_mfu():
+    assert mfu(2e12, 2.0, 4e12) == 0.25
+    assert mfu(2e12, 2.0, 0.0) == 0.0  # no peak, no MFU

@@ -18,7 +18,8 @@ from nmt import PAD_ID
 from nmt import checkpoint as ckpt
 from nmt.config import Config, load_config
 from nmt.errors import NmtError
-from nmt.train import stopping
+from nmt.runlog import read_curves
+from nmt.train import loop, stopping
 from nmt.train.loop import fit
 from nmt.train.objective import label_smoothed_nll, learning_rate, lr_factor
 from nmt.train.stopping import check_stopping
@@ -246,7 +247,9 @@ def test_copy_task_reaches_high_bleu(tmp_path):
     assert summary["tokens_per_s"] > 0
     log = (run / "train.log").read_text()
     assert "valid step 220" in log and "sample 3" in log and "padding_waste" in log
-    assert any((run / "tb").iterdir())
+    assert "matmul peak" in log and all(" | mfu " in line for line in log.splitlines() if "| tokens_per_s" in line)
+    mfu = read_curves(run)["train/mfu"]
+    assert mfu.steps == list(range(20, 221, 20)) and all(0 < v < 1.5 for v in mfu.values)
     d = run / "checkpoints"
     assert (d / "best.safetensors").is_file() and summary["checkpoint"] == str(d / "step_220.safetensors")
     assert [s for s, _ in ckpt.step_checkpoints(d)] == [110, 220]
@@ -279,6 +282,45 @@ def test_resume_continues_exactly(tmp_path):
     fit(resume_config(6), tmp_path / "b", restart=True, on_step=again)
     assert again.losses == full.losses[:6]
     assert [s for s, _ in ckpt.step_checkpoints(tmp_path / "b" / "checkpoints")] == [6]
+
+
+def test_prefetched_batches_train_bit_identically_and_save_the_same_position(tmp_path, monkeypatch):
+    """The GPU path's background batch building, forced on the CPU: same losses, weights and data
+    position in every checkpoint as batches built on use, also across a resume."""
+    synthetic_run(tmp_path / "sync", "reverse", n_train=150, n_valid=16)
+    synthetic_run(tmp_path / "ahead", "reverse", n_train=150, n_valid=16)
+    sync = Collect()
+    fit(resume_config(18), tmp_path / "sync", on_step=sync)
+    monkeypatch.setattr(loop, "PREFETCH_DEVICES", ("cpu",))
+    ahead = Collect()
+    fit(resume_config(12), tmp_path / "ahead", on_step=ahead)
+    fit(resume_config(18), tmp_path / "ahead", on_step=ahead)
+    assert ahead.losses == sync.losses and len(sync.losses) == 18
+    for step in (6, 12, 18):
+        name = f"step_{step}.safetensors"
+        a, b = (ckpt.load_trainer_state(tmp_path / r / "checkpoints" / name)["train"] for r in ("sync", "ahead"))
+        assert (a["epoch"], a["batch_in_epoch"], a["tokens"]) == (b["epoch"], b["batch_in_epoch"], b["tokens"])
+    wa, _ = ckpt.load_weights(tmp_path / "sync" / "checkpoints" / "step_18.safetensors")
+    wb, _ = ckpt.load_weights(tmp_path / "ahead" / "checkpoints" / "step_18.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_the_loop_reads_back_only_at_log_evaluation_and_stop_points(tmp_path, monkeypatch):
+    synthetic_run(tmp_path / "r", "reverse", n_train=150, n_valid=16)
+    read_backs = []
+    flush = Trainer.flush
+
+    def counted(self):
+        if self._pending:
+            read_backs.append((self.state.step, len(self._pending)))
+        flush(self)
+
+    monkeypatch.setattr(Trainer, "flush", counted)
+    steps = Collect()
+    fit(resume_config(14, "train.log_every=4", "train.eval_every=6"), tmp_path / "r", on_step=steps)
+    # (provisional step, updates read back): log points 4, 8, 12; evaluations 6, 12; the stop at 14
+    assert read_backs == [(4, 4), (6, 2), (8, 2), (12, 4), (14, 2)]
+    assert [r.step for r in steps.results] == list(range(1, 15))
 
 
 def test_resume_skips_a_partial_newest_checkpoint(tmp_path):

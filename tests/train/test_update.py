@@ -1,0 +1,135 @@
+"""`Trainer.update` reads nothing back from the device; `Trainer.flush` settles (nmt/train/update.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from nmt.config import TrainConfig
+from nmt.data.batching import Batch, collate
+from nmt.train.update import Trainer, host_counts
+
+READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy")
+
+
+class PackedToy(nn.Module):
+    """Embedding + linear that packs logits (`PacksLogits`) and takes the host packing, picking the
+    real target positions by its index: a model whose forward never reads the device back."""
+
+    packs_logits = True
+
+    def __init__(self, vocab: int = 30) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, 8)
+        self.out = nn.Linear(8, vocab)
+        self.poison = False
+
+    def forward(self, src, tgt_in, keep=None, packing=None):
+        h = self.emb(tgt_in) + self.emb(src).mean(dim=1, keepdim=True)  # (B, T, D)
+        if keep is not None:
+            h = h[keep] if packing is None else h.flatten(0, 1)[packing[1].index]  # (N, D)
+        logits = self.out(h)
+        return logits * float("nan") if self.poison else logits
+
+
+def batches(seed: int, n: int = 4) -> list[Batch]:
+    rng = np.random.default_rng(seed)
+    pairs = [(rng.integers(4, 30, rng.integers(1, 7)).tolist(), rng.integers(4, 30, rng.integers(1, 7)).tolist())
+             for _ in range(n)]  # fmt: skip
+    return [collate(pairs[: n // 2]), collate(pairs[n // 2 :])]
+
+
+def constant_lr(**extra) -> TrainConfig:
+    """A schedule flat at lr from the first update (cosine from lr to lr), fp32."""
+    cfg = dict(precision="fp32", schedule="cosine", lr=0.01, min_lr=0.01, warmup=1, max_steps=1000)
+    return TrainConfig(**{**cfg, **extra})
+
+
+@pytest.fixture
+def reads(monkeypatch) -> list[str]:
+    """Every host read of a tensor's value (what waits for a GPU), by method name."""
+    seen: list[str] = []
+    for name in READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _name=name, _original=original, **kwargs):
+            seen.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return seen
+
+
+def test_updates_read_nothing_back_until_flush(reads):
+    torch.manual_seed(0)
+    trainer = Trainer(PackedToy(), constant_lr(max_nonfinite=100), torch.device("cpu"))
+    results = [trainer.update(batches(seed)) for seed in range(5)]
+    assert reads == []  # loss, NLL, tokens, grad norm and the skip decision all stayed on the device
+    assert all(r.settled is None for r in results) and trainer.state.step == 5
+    trainer.flush()
+    assert reads == ["tolist"]  # one read-back for the five updates
+    assert [r.step for r in results] == [1, 2, 3, 4, 5] and not any(r.skipped for r in results)
+    expected = [sum(b.tgt_packing.index.numel() for b in batches(seed)) for seed in range(5)]
+    assert [r.tokens for r in results] == expected and trainer.state.tokens == sum(expected)
+    assert all(np.isfinite(r.loss) and r.grad_norm > 0 for r in results)
+
+
+def test_reading_a_result_flushes_every_pending_update():
+    trainer = Trainer(PackedToy(), constant_lr(max_nonfinite=100), torch.device("cpu"))
+    first, second = trainer.update(batches(1)), trainer.update(batches(2))
+    assert second.loss > 0  # reading settles both
+    assert first.settled is not None and first.step == 1 and second.step == 2
+
+
+def test_a_nonfinite_update_is_skipped_on_the_device_and_taken_back_at_flush():
+    """clean, NaN, clean without a read in between = clean, clean: same weights and optimizer state."""
+    torch.manual_seed(0)
+    a, b = PackedToy(), PackedToy()
+    b.load_state_dict(a.state_dict())
+    ta = Trainer(a, constant_lr(), torch.device("cpu"))
+    tb = Trainer(b, constant_lr(), torch.device("cpu"))
+    results = [ta.update(batches(1))]
+    a.poison = True
+    results.append(ta.update(batches(2)))
+    a.poison = False
+    results.append(ta.update(batches(3)))
+    assert ta.state.step == 3  # provisional until the flush
+    ta.flush()
+    assert [(r.step, r.skipped) for r in results] == [(1, False), (2, True), (2, False)]
+    assert (ta.state.step, ta.state.nonfinite_total, ta.state.nonfinite_run) == (2, 1, 0)
+    tb.update(batches(1))
+    tb.update(batches(3))
+    tb.flush()
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert torch.equal(pa, pb), name
+        sa, sb = ta.optimizer.state[pa], tb.optimizer.state[pb]
+        assert all(torch.equal(sa[k], sb[k]) for k in ("step", "exp_avg", "exp_avg_sq")), name
+
+
+def test_the_batch_packing_gives_the_same_update_as_the_pad_mask():
+    """The target gathered at the host-computed index = the target selected by the pad mask."""
+    torch.manual_seed(0)
+    a, b = PackedToy(), PackedToy()
+    b.load_state_dict(a.state_dict())
+    ra = Trainer(a, constant_lr(), torch.device("cpu")).update(batches(4))
+    rb = Trainer(b, constant_lr(), torch.device("cpu")).update([tuple(x) for x in batches(4)])  # no packing
+    assert (ra.loss, ra.nll, ra.tokens, ra.grad_norm) == (rb.loss, rb.nll, rb.tokens, rb.grad_norm)
+    assert all(torch.equal(pa, pb) for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_host_counts_of_a_batch_match_its_tensors():
+    for batch in batches(5, n=6):
+        src, _, tgt_out = batch
+        assert host_counts(batch) == host_counts((src, batch.tgt_in, tgt_out))
+        tokens, pad, slots = host_counts(batch)
+        assert tokens == int((tgt_out != 0).sum()) and slots == src.numel() + tgt_out.numel()
+        assert pad == int((src == 0).sum() + (tgt_out == 0).sum())
+
+
+def test_a_checkpoint_settles_first():
+    trainer = Trainer(PackedToy(), constant_lr(max_nonfinite=100), torch.device("cpu"))
+    result = trainer.update(batches(6))
+    state = trainer.state_dict()
+    assert result.settled is not None and state["train"]["step"] == 1 and state["train"]["tokens"] == result.tokens

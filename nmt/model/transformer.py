@@ -264,13 +264,16 @@ class Transformer(nn.Module):
         """Teacher-forced decoder: tgt_in (B, T) → logits (B, T, V), or (N, V) at the N positions
         where `keep` (B, T) is True (row-major order), so that no output projection is spent on pads.
         `packing`: the target's `Packing` on tgt_in's device, for the flash backend (the source's
-        comes with `enc`)."""
+        comes with `enc`); with `keep` its index selects the kept positions, which must then be
+        the target's real tokens (what the trainer and validation pass)."""
         tgt_pad = padding_mask(tgt_in, PAD_ID)
         x = self._embed(tgt_in, self.tgt_embed, self.tgt_positions)  # (B, T, D)
         for layer in self.decoder.layers:
             x = layer(x, enc, tgt_pad, packing)
-        if keep is not None:
-            x = x[keep]  # (N, D)
+        if keep is not None and packing is not None:  # the same positions, gathered without a host sync
+            x = x.flatten(0, 1).index_select(0, packing.index)  # (N, D)
+        elif keep is not None:
+            x = x[keep]  # (N, D); a boolean index waits for the device to count N
         return self._logits(self.decoder.norm(x))
 
     def forward(

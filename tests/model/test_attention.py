@@ -285,6 +285,8 @@ def test_model_forward_with_the_batch_packing_never_unpads_on_the_device(monkeyp
         flash = model(batch.src, batch.tgt_in, keep, packing=batch.packing)  # (N, V)
         set_backend(model, "math")
         reference = model(batch.src, batch.tgt_in, keep)
+        gathered = model(batch.src, batch.tgt_in, keep, packing=batch.packing)  # kept rows by packing.index
+        torch.testing.assert_close(gathered, reference, atol=0, rtol=0)
         set_backend(model, "flash")
         with pytest.raises(AssertionError, match="_unpad_index"):  # without the packing: the sync path
             model(batch.src, batch.tgt_in, keep)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nmt.errors import NmtError
 
-ENGINES = ("native", "ctranslate2", "auto")  # auto: `nmt.decode.translator.choose_engine`
+ENGINES = ("native", "ctranslate2", "auto")  # auto: `nmt.decode.loading.choose_engine`
 
 
 def available_cores() -> int:

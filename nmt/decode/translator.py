@@ -25,7 +25,6 @@ holds n lines `score<TAB>text` (best first; score = the beam's length-normalised
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import sys
 import threading
@@ -36,10 +35,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nmt import BOS_ID, EOS_ID, PAD_ID
-from nmt.config import Config, load_config
+from nmt.config import Config
 from nmt.contracts import Engine, Tokenizer
 from nmt.data.passthrough import Masked, mask, masker, restore
-from nmt.decode.options import ENGINES, InferenceOptions, Sampling
+from nmt.decode.options import InferenceOptions, Sampling
 from nmt.errors import NmtError
 
 if TYPE_CHECKING:
@@ -120,47 +119,32 @@ class Translator:
         """
         from nmt.checkpoint_files import choose_inference_checkpoint, describe_checkpoint, read_config
         from nmt.data.tokenizer import load_tokenizers
+        from nmt.decode import loading
 
         run_dir = Path(run_dir)
-        if engine not in ENGINES:
-            raise NmtError(f"--engine {engine!r}: expected one of {' | '.join(ENGINES)}")
-        chosen = ""
-        if engine == "auto":
-            engine = choose_engine(run_dir, checkpoint, ensemble)
-            chosen = f"; --engine auto: {engine}"
-        if ensemble and engine != "native":
-            raise NmtError(f"--checkpoint more than once: ensembles decode with the native engine, not {engine}")
-        if engine == "ctranslate2":  # no PyTorch on this path: start-up in a fraction of a second
-            from nmt.decode.ct2 import CTranslate2Engine, ct2_device, seed_sampling
-
-            dev = ct2_device(device)
-            if sampling is not None:
-                seed_sampling(sampling.seed)  # before the engine's threads first sample
-            if checkpoint is not None and Path(checkpoint).is_dir():  # an `nmt export` directory
-                ct2, src_tok, tgt_tok, config = CTranslate2Engine.from_export(
-                    checkpoint, config, dev, precision, threads
-                )
-                translator = cls(None, src_tok, tgt_tok, config, checkpoint=Path(checkpoint), engine=ct2)
-                translator.sampling = sampling
-                return translator
-        else:
-            from nmt.device import resolve_device
-
-            dev = resolve_device(device)
+        engine, note = loading.resolve_engine(engine, run_dir, checkpoint, ensemble)
+        if engine == "ctranslate2" and checkpoint is not None and Path(checkpoint).is_dir():
+            found = loading.ct2_from_export(Path(checkpoint), config, device, precision, sampling, threads)
+            translator = cls(None, *found[1:], checkpoint=Path(checkpoint), engine=found[0])
+            translator.sampling = sampling
+            return translator
+        dev = loading.device_for(engine, device, sampling)
         choice = choose_inference_checkpoint(run_dir) if checkpoint is None else None
         path = Path(checkpoint) if choice is None else choice.path
-        config = _inference_config(run_dir, config, read_config(path), dev.type)
+        config = loading.inference_config(run_dir, config, read_config(path), dev.type)
         src_tok, tgt_tok = load_tokenizers(run_dir, config)
         if engine == "ctranslate2":
+            from nmt.decode.ct2 import CTranslate2Engine
+
             ct2 = CTranslate2Engine.from_checkpoint(run_dir, path, config, dev, precision, threads)
             translator = cls(None, src_tok, tgt_tok, config, checkpoint=path, engine=ct2)
         else:
-            model = _load_model(config, src_tok.vocab_size, tgt_tok.vocab_size, path)
+            model = loading.load_model(config, src_tok.vocab_size, tgt_tok.vocab_size, path)
             if ensemble:
-                model = _ensemble(model, run_dir, config, ensemble, dev.type)
+                model = loading.load_ensemble(model, run_dir, config, ensemble, dev.type)
             translator = cls(model, src_tok, tgt_tok, config, dev, precision, path)  # the engine resolves 'auto'
         translator.sampling = sampling
-        print(describe_checkpoint(path, choice.reason if choice else "named explicitly") + chosen, file=sys.stderr)
+        print(describe_checkpoint(path, choice.reason if choice else "named explicitly") + note, file=sys.stderr)
         return translator
 
     @classmethod
@@ -325,76 +309,6 @@ class Translator:
             self.stats.src_tokens += sum(len(s) + 1 for s in seqs)
             self.stats.tgt_tokens += sum(len(f[0][0]) for f in found if f)
         return found
-
-
-def choose_engine(run_dir: Path, checkpoint: Path | None, ensemble: tuple[Path, ...] = ()) -> str:
-    """`--engine auto`: "ctranslate2" where the package is installed, the model to load is an
-    export directory or has a current export in the run's cache (`nmt export`, or an earlier
-    `--engine ctranslate2`), and nothing native-only (an ensemble) is asked; else "native".
-    Nothing is converted here: a run without an export decodes natively at once."""
-    from nmt.checkpoint_files import find_inference_checkpoint
-    from nmt.decode.ct2 import ctranslate2, fresh_export
-
-    if ensemble or ctranslate2 is None:
-        return "native"
-    path = Path(checkpoint) if checkpoint is not None else find_inference_checkpoint(run_dir)
-    if path.is_dir():
-        return "ctranslate2"
-    return "ctranslate2" if fresh_export(run_dir, path) is not None else "native"
-
-
-def _inference_config(run_dir: Path, config: Config | None, stored: Config, device_type: str) -> Config:
-    """The run's config (or `config`) with the checkpoint's own model section, usable on a
-    `device_type` ("cpu" | "cuda") device."""
-    saved = run_dir / "config.yaml"
-    if config is None:
-        config = load_config(saved) if saved.is_file() else stored
-    config = dataclasses.replace(config, model=dataclasses.replace(stored.model))
-    if config.model.attention == "flash" and device_type != "cuda":
-        config.model.attention = "auto"  # trained with flash on a GPU, decoded elsewhere
-    return config
-
-
-def _ensemble(
-    first: torch.nn.Module, run_dir: Path, config: Config, paths: tuple[Path, ...], device_type: str
-) -> torch.nn.Module:
-    """`first` and the models of `paths` as one `Ensemble`. Each member keeps its own shape (from
-    its checkpoint); all must share the first model's vocabularies (files of the runs they belong to)."""
-    from nmt.checkpoint_files import read_config
-    from nmt.model.ensemble import Ensemble, check_vocabularies
-    from nmt.runs import checkpoint_run
-
-    def vocab(run: Path) -> tuple[Path, Path]:
-        return tuple(run / "vocab" / f"{lang}.model" for lang in (config.data.src_lang, config.data.tgt_lang))
-
-    members, vocabs = [first], [vocab(run_dir)]
-    for path in map(Path, paths):
-        stored = read_config(path)
-        vocabs.append(vocab(checkpoint_run(path, default=run_dir)))
-        check_vocabularies(vocabs)
-        sizes = (first.src_vocab, first.tgt_vocab)
-        members.append(_load_model(_inference_config(run_dir, config, stored, device_type), *sizes, path))
-        print(f"ensemble member {len(members)}: {path}", file=sys.stderr)
-    return Ensemble(members)
-
-
-def _load_model(config: Config, src_vocab: int, tgt_vocab: int, path: Path) -> torch.nn.Module:
-    """The Transformer of `config` with the weights read from `path`."""
-    import torch
-
-    from nmt.checkpoint import load_weights
-    from nmt.model.transformer import build_model
-
-    with torch.device("meta"):  # shapes only: no random initialisation to overwrite (start-up time)
-        model = build_model(config, src_vocab, tgt_vocab)
-    state, _ = load_weights(path)
-    try:
-        model.load_state_dict(state, assign=True)  # the loaded tensors become the parameters
-    except RuntimeError as e:
-        first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
-        raise NmtError(f"{path}: does not fit the vocabularies beside it ({first})") from None
-    model.materialize_buffers()
-    return model
 
 
 def _restore(text: str, masked: Masked | None) -> str:

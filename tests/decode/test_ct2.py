@@ -276,7 +276,7 @@ def test_translate_with_ctranslate2_never_imports_torch(trained_run, engine):
 
 
 def test_auto_engine_is_ctranslate2_only_with_a_current_export(trained_run, tmp_path, monkeypatch):
-    from nmt.decode.translator import choose_engine
+    from nmt.decode.loading import choose_engine
 
     run = tmp_path / "run"
     shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("export", "eval"))

@@ -1,0 +1,128 @@
+"""How a `Translator` gets its engine: which engine (`--engine auto`), on which device, with which
+config, and the native model (one checkpoint or an ensemble) built from a checkpoint.
+
+PyTorch is imported only on the native path: the CTranslate2 path of `nmt translate` never
+imports it (start-up in a fraction of a second).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nmt.config import Config, load_config
+from nmt.decode.options import ENGINES, Sampling
+from nmt.errors import NmtError
+
+if TYPE_CHECKING:
+    import torch
+
+
+def resolve_engine(engine: str, run_dir: Path, checkpoint: Path | None, ensemble: tuple[Path, ...]) -> tuple[str, str]:
+    """(the engine to use, a note for the `loaded …` line); `auto` resolved by `choose_engine`."""
+    if engine not in ENGINES:
+        raise NmtError(f"--engine {engine!r}: expected one of {' | '.join(ENGINES)}")
+    note = ""
+    if engine == "auto":
+        engine = choose_engine(run_dir, checkpoint, ensemble)
+        note = f"; --engine auto: {engine}"
+    if ensemble and engine != "native":
+        raise NmtError(f"--checkpoint more than once: ensembles decode with the native engine, not {engine}")
+    return engine, note
+
+
+def device_for(engine: str, device: str, sampling: Sampling | None) -> Any:
+    """`device` resolved by the engine's own runtime (CTranslate2's device count, or PyTorch's);
+    CTranslate2's sampling is seeded here, before its threads first sample."""
+    if engine == "ctranslate2":
+        from nmt.decode.ct2 import ct2_device, seed_sampling
+
+        dev = ct2_device(device)
+        if sampling is not None:
+            seed_sampling(sampling.seed)
+        return dev
+    from nmt.device import resolve_device
+
+    return resolve_device(device)
+
+
+def ct2_from_export(
+    model_dir: Path, config: Config | None, device: str, precision: str, sampling: Sampling | None, threads: int
+) -> tuple:
+    """An `nmt export` directory on its own: (engine, source tokenizer, target tokenizer, config)."""
+    from nmt.decode.ct2 import CTranslate2Engine
+
+    dev = device_for("ctranslate2", device, sampling)
+    return CTranslate2Engine.from_export(model_dir, config, dev, precision, threads)
+
+
+def choose_engine(run_dir: Path, checkpoint: Path | None, ensemble: tuple[Path, ...] = ()) -> str:
+    """`--engine auto`: "ctranslate2" where the package is installed, the model to load is an
+    export directory or has a current export in the run's cache (`nmt export`, or an earlier
+    `--engine ctranslate2`), and nothing native-only (an ensemble) is asked; else "native".
+    Nothing is converted here: a run without an export decodes natively at once."""
+    from nmt.checkpoint_files import find_inference_checkpoint
+    from nmt.decode.ct2 import ctranslate2, fresh_export
+
+    if ensemble or ctranslate2 is None:
+        return "native"
+    path = Path(checkpoint) if checkpoint is not None else find_inference_checkpoint(run_dir)
+    if path.is_dir():
+        return "ctranslate2"
+    return "ctranslate2" if fresh_export(run_dir, path) is not None else "native"
+
+
+def inference_config(run_dir: Path, config: Config | None, stored: Config, device_type: str) -> Config:
+    """The run's config (or `config`) with the checkpoint's own model section, usable on a
+    `device_type` ("cpu" | "cuda") device."""
+    saved = run_dir / "config.yaml"
+    if config is None:
+        config = load_config(saved) if saved.is_file() else stored
+    config = dataclasses.replace(config, model=dataclasses.replace(stored.model))
+    if config.model.attention == "flash" and device_type != "cuda":
+        config.model.attention = "auto"  # trained with flash on a GPU, decoded elsewhere
+    return config
+
+
+def load_ensemble(
+    first: torch.nn.Module, run_dir: Path, config: Config, paths: tuple[Path, ...], device_type: str
+) -> torch.nn.Module:
+    """`first` and the models of `paths` as one `Ensemble`. Each member keeps its own shape (from
+    its checkpoint); all must share the first model's vocabularies (files of the runs they belong to)."""
+    from nmt.checkpoint_files import read_config
+    from nmt.model.ensemble import Ensemble, check_vocabularies
+    from nmt.runs import checkpoint_run
+
+    def vocab(run: Path) -> tuple[Path, Path]:
+        return tuple(run / "vocab" / f"{lang}.model" for lang in (config.data.src_lang, config.data.tgt_lang))
+
+    members, vocabs = [first], [vocab(run_dir)]
+    for path in map(Path, paths):
+        stored = read_config(path)
+        vocabs.append(vocab(checkpoint_run(path, default=run_dir)))
+        check_vocabularies(vocabs)
+        sizes = (first.src_vocab, first.tgt_vocab)
+        members.append(load_model(inference_config(run_dir, config, stored, device_type), *sizes, path))
+        print(f"ensemble member {len(members)}: {path}", file=sys.stderr)
+    return Ensemble(members)
+
+
+def load_model(config: Config, src_vocab: int, tgt_vocab: int, path: Path) -> torch.nn.Module:
+    """The Transformer of `config` with the weights read from `path`."""
+    import torch
+
+    from nmt.checkpoint import load_weights
+    from nmt.model.transformer import build_model
+
+    with torch.device("meta"):  # shapes only: no random initialisation to overwrite (start-up time)
+        model = build_model(config, src_vocab, tgt_vocab)
+    state, _ = load_weights(path)
+    try:
+        model.load_state_dict(state, assign=True)  # the loaded tensors become the parameters
+    except RuntimeError as e:
+        first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
+        raise NmtError(f"{path}: does not fit the vocabularies beside it ({first})") from None
+    model.materialize_buffers()
+    return model

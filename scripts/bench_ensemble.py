@@ -2,7 +2,10 @@
 
 Trains `--seeds` runs of a config at the same time, each pinned to its own core (one thread;
 train.seed = 1, 2, ...; checkpoint chosen on validation by `nmt pipeline`), unless `--runs` names
-finished runs. Then decodes the same test sentences with each model alone and with all of them
+finished runs. Members of an ensemble must share their vocabularies, and two runs of one config
+trained different SentencePiece models here (same corpus and data.seed, vocab.workers 2), so
+seed 1's corpus and vocabularies are prepared first and every other seed starts as a copy of them (`nmt pipeline` then skips both).
+Then decodes the same test sentences with each model alone and with all of them
 as one ensemble (`--checkpoint` once per model: log-probabilities averaged at every step), beam
 search, native engine, on every core. Prints one table.
 
@@ -16,12 +19,30 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def prepare(config: str, first: Path, others: list[Path], mirror: str) -> None:
+    """Corpus and vocabularies of the first run, copied into the others (their stamps too)."""
+    for stage in (["download", "--mirror", mirror], ["vocab"]):
+        subprocess.run(
+            [sys.executable, "-m", "nmt", stage[0], "-c", config, "-r", str(first), *stage[1:]],
+            check=True,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+        )
+    for run in others:
+        run.mkdir(parents=True, exist_ok=True)
+        for name in ("corpus", "vocab", "bin"):
+            shutil.copytree(first / name, run / name, dirs_exist_ok=True)
+        for name in ("config.yaml", "download.stamp.json", "vocab.stamp.json"):
+            shutil.copyfile(first / name, run / name)
 
 
 def train(config: str, run: Path, seed: int, minutes: float, mirror: str, core: int) -> Path:
@@ -67,6 +88,7 @@ def main() -> None:
     runs = a.runs
     if not runs:
         cores = os.cpu_count() or 1
+        prepare(a.config, a.out / "seed1", [a.out / f"seed{s}" for s in range(2, a.seeds + 1)], a.mirror)
         with ThreadPoolExecutor(a.seeds) as pool:
             jobs = [
                 pool.submit(train, a.config, a.out / f"seed{s}", s, a.minutes, a.mirror, (s - 1) % cores)

@@ -4,9 +4,9 @@ Trains `--seeds` runs of a config at the same time, each pinned to its own core 
 train.seed = 1, 2, ...; checkpoint chosen on validation by `nmt pipeline`), unless `--runs` names
 finished runs. Members of an ensemble must share their vocabularies, and two runs of one config
 trained different SentencePiece models here (same corpus and data.seed, vocab.workers 2), so
-seed 1's corpus and vocabularies are prepared first and every other seed starts as a copy of them (`nmt pipeline` then skips both).
-Then decodes the same test sentences with each model alone and with all of them
-as one ensemble (`--checkpoint` once per model: log-probabilities averaged at every step), beam
+seed 1's corpus and vocabularies are prepared first and every other seed starts as a copy of
+them (`nmt pipeline` then skips both). Then decodes the same test sentences with each model
+alone and with all of them as one ensemble (`--checkpoint` once per model: log-probabilities averaged at every step), beam
 search, native engine, on every core. Prints one table.
 
     python scripts/bench_ensemble.py --minutes 10 --sentences 2000

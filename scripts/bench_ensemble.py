@@ -6,8 +6,8 @@ finished runs. Members of an ensemble must share their vocabularies, and two run
 trained different SentencePiece models here (same corpus and data.seed, vocab.workers 2), so
 seed 1's corpus and vocabularies are prepared first and every other seed starts as a copy of
 them (`nmt pipeline` then skips both). Then decodes the same test sentences with each model
-alone and with all of them as one ensemble (`--checkpoint` once per model: log-probabilities averaged at every step), beam
-search, native engine, on every core. Prints one table.
+alone and with all of them as one ensemble (`--checkpoint` once per model: log-probabilities
+averaged at every step), beam search, native engine, on every core. Prints one table.
 
     python scripts/bench_ensemble.py --minutes 10 --sentences 2000
     python scripts/bench_ensemble.py --runs runs/a runs/b

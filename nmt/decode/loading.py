@@ -110,19 +110,17 @@ def load_ensemble(
 
 
 def load_model(config: Config, src_vocab: int, tgt_vocab: int, path: Path) -> torch.nn.Module:
-    """The Transformer of `config` with the weights read from `path`."""
-    import torch
-
+    """The Transformer of `config` with the weights read from `path`. (Built on the meta device
+    instead, it would skip the random initialisation, but the meta-device mode imports
+    torch._dynamo: seconds of start-up, measured.)"""
     from nmt.checkpoint import load_weights
     from nmt.model.transformer import build_model
 
-    with torch.device("meta"):  # shapes only: no random initialisation to overwrite (start-up time)
-        model = build_model(config, src_vocab, tgt_vocab)
+    model = build_model(config, src_vocab, tgt_vocab)
     state, _ = load_weights(path)
     try:
-        model.load_state_dict(state, assign=True)  # the loaded tensors become the parameters
+        model.load_state_dict(state)
     except RuntimeError as e:
         first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
         raise NmtError(f"{path}: does not fit the vocabularies beside it ({first})") from None
-    model.materialize_buffers()
     return model

@@ -169,12 +169,6 @@ class Transformer(nn.Module):
         self.logits_proj: nn.Linear | None = None  # set by split_projections (inference only)
         self.reset_parameters()
 
-    def materialize_buffers(self) -> None:
-        """The buffers no checkpoint holds (the sinusoid table), computed on the parameters' device:
-        after building on the meta device and `load_state_dict(..., assign=True)`."""
-        D, device = self.cfg.d_model, self.src_embed.weight.device
-        self.register_buffer("sinusoids", sinusoidal_table(self.max_positions, D).to(device), persistent=False)
-
     def reset_parameters(self) -> None:
         """Xavier-uniform linear layers (zero biases), normal(0, D^-0.5) embeddings, zero pad rows.
         A model built on the meta device (shapes only) is left uninitialised."""

@@ -438,3 +438,17 @@ def test_translate_input_file_with_a_bom(tmp_path, monkeypatch):
     assert tr.translate_to(tr.InferenceOptions(run_dir=tmp_path), input_path=src, output_path=out) == 2
     assert [line.rstrip("\n") for line in seen] == ["你好。", "我爱你。"]
     assert out.read_text(encoding="utf-8") == "你好。\n我爱你。\n"
+
+
+def test_native_translate_imports_no_compiler_stack(tiny_run_dir):
+    """`nmt translate --engine native` imports PyTorch but not torch._dynamo (seconds of start-up;
+    a meta-device model build pulled it in once): `python -X importtime` lists every module."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-X", "importtime", "-m", "nmt", "translate", "--run", str(tiny_run_dir)]
+    done = subprocess.run([*cmd, "--engine", "native", "--precision", "fp32", "你好。"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
+    assert "torch" in imported  # the listing is real
+    assert not {m for m in imported if m.startswith("torch._dynamo")}, "the native path imported torch._dynamo"

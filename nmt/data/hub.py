@@ -59,18 +59,17 @@ def _one_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def _load(recipe: Recipe, split: HubSplit) -> Iterator[dict]:
-    for key, value in HUB_TIMEOUTS.items():
-        os.environ.setdefault(key, value)
-    import datasets
-
+def _recipe_rows(recipe: Recipe, split: HubSplit) -> Iterator[object]:
+    """`stream_rows` of a recipe's hub split: its config, or its Parquet files
+    (<data_dir>/<split>/*.parquet of a script dataset's conversion, with the revision)."""
     kwargs = dict(recipe.hub_kwargs)
     if recipe.revision:
         kwargs["revision"] = recipe.revision
-    if recipe.data_dir:  # Parquet files of one config: <data_dir>/<split>/*.parquet
+    config = recipe.config
+    if recipe.data_dir:
         kwargs["data_files"] = {split.split: f"{recipe.data_dir}/{split.split}/*.parquet"}
-        return iter(datasets.load_dataset(recipe.hub, split=split.split, streaming=True, **kwargs))
-    return iter(datasets.load_dataset(recipe.hub, recipe.config, split=split.split, streaming=True, **kwargs))
+        config = None
+    return stream_rows(recipe.hub or "", config, split.split, label=recipe.data_dir, **kwargs)
 
 
 def _record(obj: object, recipe: Recipe) -> object:
@@ -85,40 +84,34 @@ def read_hub(
     recipe: Recipe, split: HubSplit, langs: tuple[str, str], bad: BadLines, labels: list[str] | None = None
 ) -> Iterator[tuple[int, str, str]]:
     """Stream (row number, source, target) of one hub split; append each kept row's label to `labels`."""
-
-    where = f"hub dataset {recipe.hub} ({recipe.data_dir or recipe.config or 'default'}, {split.split})"
-    check_reachable(recipe.hub or "")
-    try:
-        rows = _load(recipe, split)
-        for n, obj in enumerate(rows, 1):
-            rec = _record(obj, recipe)
-            label = rec.get("label") if isinstance(rec, dict) else None
-            if recipe.keep and label not in recipe.keep:
-                continue  # another language or script of the same benchmark file
-            pair = pair_from_record(rec, *langs)
-            if isinstance(pair, str):
-                bad.add(n, pair)
-            elif split.keeps(pair[1]):
-                if labels is not None:
-                    labels.append(str(label))
-                yield n, pair[0], pair[1]
-    except NmtError:
-        raise
-    except Exception as e:  # network, missing files, authentication: all fixed by the user
-        raise NmtError(f"{where}: could not load ({_one_line(e)}); {MIRROR_HINT}") from None
+    for n, obj in enumerate(_recipe_rows(recipe, split), 1):
+        rec = _record(obj, recipe)
+        label = rec.get("label") if isinstance(rec, dict) else None
+        if recipe.keep and label not in recipe.keep:
+            continue  # another language or script of the same benchmark file
+        pair = pair_from_record(rec, *langs)
+        if isinstance(pair, str):
+            bad.add(n, pair)
+        elif split.keeps(pair[1]):
+            if labels is not None:
+                labels.append(str(label))
+            yield n, pair[0], pair[1]
 
 
-def stream_rows(dataset: str, config: str | None, split: str) -> Iterator[object]:
-    """The rows of one hub split, streamed (for text that is not a translation recipe, e.g. the
-    monolingual text of back-translation); failures are one NmtError line naming the dataset."""
-    where = f"hub dataset {dataset} ({config or 'default'}, {split})"
+def stream_rows(
+    dataset: str, config: str | None, split: str, label: str | None = None, **kwargs: object
+) -> Iterator[object]:
+    """The rows of one hub split, streamed with `datasets` (`kwargs`: more `load_dataset`
+    arguments); a probe first (`check_reachable`), and every failure, while loading or
+    streaming, one NmtError line naming the dataset (`label`: what to call its config there)."""
+    where = f"hub dataset {dataset} ({label or config or 'default'}, {split})"
     check_reachable(dataset)
     for key, value in HUB_TIMEOUTS.items():
         os.environ.setdefault(key, value)
     try:
         import datasets
 
-        yield from datasets.load_dataset(dataset, config, split=split, streaming=True)
+        yield from datasets.load_dataset(dataset, config, split=split, streaming=True, **kwargs)
     except NmtError:
         raise
     except Exception as e:  # network, missing files, authentication: all fixed by the user

@@ -507,11 +507,11 @@ def test_an_unreachable_hub_is_probed_once_and_never_loaded(tmp_path, monkeypatc
         probes.append(f"{request.get_method()} {request.full_url} {timeout}")
         raise urllib.error.URLError("Connection refused")
 
-    def never(*args):
+    def never(*args, **kwargs):
         raise AssertionError("the hub was loaded after a failed probe")
 
     monkeypatch.setattr(urllib.request, "urlopen", refuse)
-    monkeypatch.setattr(hub, "_load", never)
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=never))
     root = Path(__file__).resolve().parents[2]
     with pytest.raises(NmtError, match="cannot reach https://huggingface.co .*Connection refused") as err:
         prepare_corpus(load_config(root / "configs/tiny.yaml"), tmp_path / "run")

@@ -207,21 +207,13 @@ def translate(
     the newest run under runs/ with a model).
 
     With --nbest K > 1 each input gives K lines `score<TAB>text`, best first."""
-    from nmt.decode.options import InferenceOptions
     from nmt.decode.translator import translate_to
 
     if texts and input:
         raise NmtError("give sentences as arguments or --input FILE, not both")
-    opts = InferenceOptions(
-        run_dir=run,
-        **_models(checkpoint),
-        device=device,
-        precision=precision,
-        engine=engine,
-        beam=beam,
-        nbest=nbest,
-        len_penalty=len_penalty,
-        sampling=_sampling(sample_topk, sample_topp, temperature, seed),
+    sampling = _sampling(sample_topk, sample_topp, temperature, seed)
+    opts = _inference(
+        run, checkpoint, device, precision, engine, beam=beam, nbest=nbest, len_penalty=len_penalty, sampling=sampling
     )
     if attention is not None:
         from nmt.serve.plot import translate_with_attention
@@ -237,9 +229,15 @@ def translate(
     translate_to(opts, texts=texts, input_path=input, output_path=output)
 
 
-def _models(checkpoints: list[Path] | None) -> dict[str, Any]:
-    """`--checkpoint` given once or more: the first is the model, the rest its ensemble partners."""
-    return {"checkpoint": checkpoints[0], "ensemble": tuple(checkpoints[1:])} if checkpoints else {}
+def _inference(
+    run: Path | None, checkpoints: list[Path] | None, device: str, precision: str, engine: str, **more: Any
+) -> Any:
+    """The `nmt.decode.options.InferenceOptions` of a command's model options (`more`: beam, nbest,
+    sampling...). `--checkpoint` given once or more: the first is the model, the rest its ensemble."""
+    from nmt.decode.options import InferenceOptions
+
+    models = {"checkpoint": checkpoints[0], "ensemble": tuple(checkpoints[1:])} if checkpoints else {}
+    return InferenceOptions(run_dir=run, **models, device=device, precision=precision, engine=engine, **more)
 
 
 def _sampling(topk: int | None, topp: float | None, temperature: float | None, seed: int) -> Any:
@@ -293,7 +291,6 @@ def eval_(
 ) -> None:
     """Translate a split (or one or more --src/--ref sets) and score it with sacreBLEU BLEU and chrF."""
     from nmt.decode.evaluate import EvalJob, evaluate_sets
-    from nmt.decode.options import InferenceOptions
 
     if split not in ("valid", "test"):
         raise NmtError(f"--split {split!r}: expected valid or test")
@@ -309,12 +306,12 @@ def eval_(
         cfg,
         run_dir,
         jobs or [EvalJob(split=split, greedy=greedy)],
-        InferenceOptions(
-            run_dir=run_dir,
-            **_models(checkpoint),
-            device=device,
-            precision=precision,
-            engine=engine,
+        _inference(
+            run_dir,
+            checkpoint,
+            device,
+            precision,
+            engine,
             beam=beam,
             sampling=_sampling(sample_topk, sample_topp, temperature, seed),
         ),
@@ -434,19 +431,11 @@ def serve(
         from nmt.serve.libretranslate import LibreAccess
     except ImportError as e:
         raise NmtError(f"nmt serve needs the serve extra ({e.name} is missing): pip install 'nmt[serve]'") from None
-    from nmt.decode.options import InferenceOptions
     from nmt.serve.batcher import BatchLimits
 
     batch = BatchLimits(batch_wait_ms, max_batch, workers)
     limits = ServeLimits(max_sentences, max_chars, max_beam=max_beam, batch=batch)
-    opts = InferenceOptions(
-        run_dir=run,
-        **_models(checkpoint),
-        device=device,
-        precision=precision,
-        engine=engine,
-        beam=beam,
-    )
+    opts = _inference(run, checkpoint, device, precision, engine, beam=beam)
     access = LibreAccess.load(api_keys, req_limit)  # before loading the model: a bad file fails at once
     run_server(opts, ServeOptions(host, port, limits, log_level.value, access))
 
@@ -478,17 +467,9 @@ def backtranslate(
     """Translate monolingual text with a reverse run into synthetic pairs (resumable)."""
     from nmt.decode.backtranslate import BacktranslateOptions
     from nmt.decode.backtranslate import backtranslate as run_backtranslation
-    from nmt.decode.options import InferenceOptions
 
-    inference = InferenceOptions(
-        run_dir=run,
-        **_models(checkpoint),
-        device=device,
-        precision=precision,
-        engine=engine,
-        beam=beam,
-        sampling=_sampling(sample_topk, sample_topp, temperature, seed),
-    )
+    sampling = _sampling(sample_topk, sample_topp, temperature, seed)
+    inference = _inference(run, checkpoint, device, precision, engine, beam=beam, sampling=sampling)
     stats = run_backtranslation(BacktranslateOptions(inference=inference, mono=mono, output=output, chunk=chunk))
     typer.echo(f"{stats['pairs']} synthetic pairs in {output / 'train.jsonl'} ({stats['seconds']} s)", err=True)
 

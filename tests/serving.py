@@ -87,3 +87,16 @@ def stop(proc: subprocess.Popen) -> str:
         proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     return out
+
+
+def fail_on(translator: object, word: str, monkeypatch: object) -> None:
+    """Make `translator.translate_nbest` raise RuntimeError("model exploded") for a batch holding
+    `word`, and decode every other batch as before (a model failure confined to some requests)."""
+    original = translator.translate_nbest
+
+    def fragile(lines, *args, **kwargs):
+        if any(word in line for line in lines):
+            raise RuntimeError("model exploded")
+        return original(lines, *args, **kwargs)
+
+    monkeypatch.setattr(translator, "translate_nbest", fragile)

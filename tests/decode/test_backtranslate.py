@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from conftest import ROOT, TINY_LEARNS
 from synthetic import pairs
 
@@ -19,22 +18,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def reverse_run(mini_mirror, tmp_path_factory):
-    """An en→zh tiny run trained on the generated mirror (about 20 s on one core)."""
-    from nmt.pipeline import run_pipeline
-    from nmt.runs import init_run
-
-    learn = [x for x in TINY_LEARNS if not x.startswith("vocab.tgt_size")]
-    config = load_config(ROOT / "configs" / "tiny.yaml", [*learn, "data.direction=en-zh", "vocab.src_size=128"])
-    run = tmp_path_factory.mktemp("reverse") / "enzh"
-    init_run(config, run)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        run_pipeline(config, run, mirror=str(mini_mirror))
-    finally:
-        torch.set_num_threads(threads)
-    return run
+def reverse_run(tiny_en_zh_run):
+    """An en→zh tiny run trained on the generated mirror (conftest; shared with test_pipeline)."""
+    return tiny_en_zh_run
 
 
 @pytest.fixture(scope="module")

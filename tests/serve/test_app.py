@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("fastapi", reason="nmt serve needs the serve extra (fastapi, uvicorn)")
 from fastapi.testclient import TestClient  # noqa: E402
-from serving import alive, child_pids, interrupt, request, start_server, stop  # noqa: E402
+from serving import alive, child_pids, fail_on, interrupt, request, start_server, stop  # noqa: E402
 
 from nmt.checkpoint_files import read_metadata  # noqa: E402
 from nmt.config import load_config  # noqa: E402
@@ -189,14 +189,7 @@ def test_unknown_routes_and_methods_are_json_errors(client):
 
 
 def test_a_model_error_fails_only_its_own_request(client, translator, monkeypatch):
-    original = translator.translate_nbest
-
-    def fragile(lines, *args, **kwargs):
-        if any("坏" in line for line in lines):
-            raise RuntimeError("model exploded")
-        return original(lines, *args, **kwargs)
-
-    monkeypatch.setattr(translator, "translate_nbest", fragile)
+    fail_on(translator, "坏", monkeypatch)
     bodies = [{"text": "坏"}, {"text": "我们九点见。"}, {"text": ["他喝水。", "你看书。"]}]
     with ThreadPoolExecutor(3) as pool:
         results = list(pool.map(lambda b: post(client, "/translate", b), bodies))

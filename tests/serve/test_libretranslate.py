@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("fastapi", reason="nmt serve needs the serve extra (fastapi, uvicorn)")
 from fastapi.testclient import TestClient  # noqa: E402
-from serving import start_server, stop  # noqa: E402
+from serving import fail_on, start_server, stop  # noqa: E402
 
 from nmt.decode.options import InferenceOptions  # noqa: E402
 from nmt.decode.translator import Translator  # noqa: E402
@@ -204,14 +204,7 @@ def test_bad_requests_get_400_with_libretranslates_text(client, fields, message)
 
 
 def test_a_model_failure_is_a_500_for_its_request_only(client, translator, monkeypatch):
-    original = translator.translate_nbest
-
-    def fragile(lines, *args, **kwargs):
-        if any("坏" in line for line in lines):
-            raise RuntimeError("model exploded")
-        return original(lines, *args, **kwargs)
-
-    monkeypatch.setattr(translator, "translate_nbest", fragile)
+    fail_on(translator, "坏", monkeypatch)
     status, body = lt(client, {"q": "坏"})
     assert status == 500 and body["error"].startswith("Cannot translate text: RuntimeError: model exploded")
     assert lt(client, {"q": SENTENCES[0]})[0] == 200

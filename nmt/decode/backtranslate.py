@@ -18,7 +18,6 @@ checkpoint, settings) are fingerprinted: a different command aimed at the same o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -32,7 +31,7 @@ from nmt.decode.options import InferenceOptions
 from nmt.decode.translator import Translator
 from nmt.errors import NmtError
 from nmt.files import atomic_write_json
-from nmt.runs import checkpoint_run
+from nmt.runs import checkpoint_run, hash_files
 
 PARTIAL, PROGRESS, OUTPUT, STATS = "train.jsonl.partial", "progress.json", "train.jsonl", "stats.json"
 
@@ -117,17 +116,14 @@ def _stored(path: Path) -> dict:
         return {}
 
 
-def _fingerprint(path: Path | HubText, translator: Translator, inference: InferenceOptions) -> str:
-    h = hashlib.sha256(str(path).encode() if isinstance(path, HubText) else b"")  # a hub split: by its name
-    for file in (
-        (Path(translator.checkpoint),) if isinstance(path, HubText) else (Path(path), Path(translator.checkpoint))
-    ):
-        file = file / "manifest.json" if file.is_dir() else file  # an `nmt export` directory
-        with open(file, "rb") as f:
-            for block in iter(lambda f=f: f.read(1 << 20), b""):
-                h.update(block)
-    h.update(json.dumps(asdict(inference), default=str, sort_keys=True).encode())
-    return h.hexdigest()[:32]
+def _fingerprint(source: Path | HubText, translator: Translator, inference: InferenceOptions) -> str:
+    """What an output is made from: the text (a file's bytes, or a hub split's name), the model
+    (a checkpoint's bytes, or an `nmt export` directory's manifest) and the decoding settings."""
+    model = Path(translator.checkpoint)
+    model = model / "manifest.json" if model.is_dir() else model
+    files = [model] if isinstance(source, HubText) else [Path(source), model]
+    hub = str(source) if isinstance(source, HubText) else None
+    return hash_files(files, {"inference": asdict(inference), "hub": hub})[:32]
 
 
 def _references(run_dir: Path, lang: str) -> list[str]:

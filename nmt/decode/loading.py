@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,17 +21,28 @@ if TYPE_CHECKING:
     import torch
 
 
-def resolve_engine(engine: str, run_dir: Path, checkpoint: Path | None, ensemble: tuple[Path, ...]) -> tuple[str, str]:
-    """(the engine to use, a note for the `loaded …` line); `auto` resolved by `choose_engine`."""
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engine a `Translator` decodes with, what to say of it, and (for `--engine auto`) the
+    current CTranslate2 export it found, decoded as found (not looked up a second time)."""
+
+    name: str  # native | ctranslate2
+    note: str = ""  # appended to the `loaded …` line
+    export: Path | None = None
+
+
+def resolve_engine(engine: str, run_dir: Path, checkpoint: Path | None, ensemble: tuple[Path, ...]) -> EngineChoice:
+    """`engine` checked, `auto` resolved by `auto_export`; an ensemble on another engine refused."""
     if engine not in ENGINES:
         raise NmtError(f"--engine {engine!r}: expected one of {' | '.join(ENGINES)}")
-    note = ""
+    choice = EngineChoice(engine)
     if engine == "auto":
-        engine = choose_engine(run_dir, checkpoint, ensemble)
-        note = f"; --engine auto: {engine}"
-    if ensemble and engine != "native":
-        raise NmtError(f"--checkpoint more than once: ensembles decode with the native engine, not {engine}")
-    return engine, note
+        export = auto_export(run_dir, checkpoint, ensemble)
+        name = "native" if export is None else "ctranslate2"
+        choice = EngineChoice(name, f"; --engine auto: {name}", export)
+    if ensemble and choice.name != "native":
+        raise NmtError(f"--checkpoint more than once: ensembles decode with the native engine, not {choice.name}")
+    return choice
 
 
 def device_for(engine: str, device: str, sampling: Sampling | None) -> Any:
@@ -58,20 +70,23 @@ def ct2_from_export(
     return CTranslate2Engine.from_export(model_dir, config, dev, precision, threads)
 
 
-def choose_engine(run_dir: Path, checkpoint: Path | None, ensemble: tuple[Path, ...] = ()) -> str:
-    """`--engine auto`: "ctranslate2" where the package is installed, the model to load is an
-    export directory or has a current export in the run's cache (`nmt export`, or an earlier
-    `--engine ctranslate2`), and nothing native-only (an ensemble) is asked; else "native".
-    Nothing is converted here: a run without an export decodes natively at once."""
+def auto_export(run_dir: Path, checkpoint: Path | None, ensemble: tuple[Path, ...] = ()) -> Path | None:
+    """What `--engine auto` decodes with CTranslate2: the model to load when it is an export
+    directory, else its current export in the run's cache (`nmt export`, `nmt pipeline`, or an
+    earlier `--engine ctranslate2`); None (native) without the package, for an ensemble
+    (native-only) or without a current export. Nothing is converted here."""
     from nmt.checkpoint_files import find_inference_checkpoint
     from nmt.decode.ct2 import ctranslate2, fresh_export
 
     if ensemble or ctranslate2 is None:
-        return "native"
+        return None
     path = Path(checkpoint) if checkpoint is not None else find_inference_checkpoint(run_dir)
-    if path.is_dir():
-        return "ctranslate2"
-    return "ctranslate2" if fresh_export(run_dir, path) is not None else "native"
+    return path if path.is_dir() else fresh_export(run_dir, path)
+
+
+def choose_engine(run_dir: Path, checkpoint: Path | None, ensemble: tuple[Path, ...] = ()) -> str:
+    """`--engine auto`'s engine: "ctranslate2" where `auto_export` finds an export, else "native"."""
+    return "native" if auto_export(run_dir, checkpoint, ensemble) is None else "ctranslate2"
 
 
 def inference_config(run_dir: Path, config: Config | None, stored: Config, device_type: str) -> Config:

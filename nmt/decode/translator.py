@@ -122,7 +122,8 @@ class Translator:
         from nmt.decode import loading
 
         run_dir = Path(run_dir)
-        engine, note = loading.resolve_engine(engine, run_dir, checkpoint, ensemble)
+        picked = loading.resolve_engine(engine, run_dir, checkpoint, ensemble)
+        engine = picked.name
         if engine == "ctranslate2" and checkpoint is not None and Path(checkpoint).is_dir():
             found = loading.ct2_from_export(Path(checkpoint), config, device, precision, sampling, threads)
             translator = cls(None, *found[1:], checkpoint=Path(checkpoint), engine=found[0])
@@ -136,7 +137,10 @@ class Translator:
         if engine == "ctranslate2":
             from nmt.decode.ct2 import CTranslate2Engine
 
-            ct2 = CTranslate2Engine.from_checkpoint(run_dir, path, config, dev, precision, threads)
+            if picked.export is not None:  # found current by --engine auto
+                ct2 = CTranslate2Engine(picked.export, config.decode, dev, precision, threads)
+            else:
+                ct2 = CTranslate2Engine.from_checkpoint(run_dir, path, config, dev, precision, threads)
             translator = cls(None, src_tok, tgt_tok, config, checkpoint=path, engine=ct2)
         else:
             model = loading.load_model(config, src_tok.vocab_size, tgt_tok.vocab_size, path)
@@ -144,7 +148,7 @@ class Translator:
                 model = loading.load_ensemble(model, run_dir, config, ensemble, dev.type)
             translator = cls(model, src_tok, tgt_tok, config, dev, precision, path)  # the engine resolves 'auto'
         translator.sampling = sampling
-        print(describe_checkpoint(path, choice.reason if choice else "named explicitly") + note, file=sys.stderr)
+        print(describe_checkpoint(path, choice.reason if choice else "named explicitly") + picked.note, file=sys.stderr)
         return translator
 
     @classmethod

@@ -159,6 +159,25 @@ def test_translate_on_simulated_hosts(tiny_run, reference, monkeypatch, preset, 
     assert int8.translate(LINES, beam=3) == [int8.translate([line], beam=3)[0] for line in LINES]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", [*SIMULATED, "matmul-bf16"])
+def test_training_on_simulated_hosts_logs_mfu_and_settles_every_update(
+    mini_mirror, tmp_path, monkeypatch, preset, failing_bf16_packing
+):
+    """A short `train.precision: auto` run where kernels are missing: the matmul peak behind the
+    MFU is measured in what the host runs, the device-side update bookkeeping settles, no traceback."""
+    from conftest import ROOT, TINY_LEARNS, pipeline_on_one_thread
+
+    from nmt.config import load_config
+
+    simulate(monkeypatch, preset)
+    monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cache"))  # probes measured on this host
+    config = load_config(ROOT / "configs" / "tiny.yaml", [*TINY_LEARNS, "train.max_steps=8", "train.log_every=4"])
+    pipeline_on_one_thread(config, tmp_path / "run", mini_mirror)
+    log = (tmp_path / "run" / "train.log").read_text(encoding="utf-8")
+    assert "step 8 |" in log and "| mfu " in log and "Traceback" not in log
+
+
 @pytest.mark.parametrize("preset", SIMULATED)
 def test_cli_translate_and_eval_on_simulated_hosts(tiny_run, monkeypatch, preset, failing_bf16_packing):
     from nmt.cli import app

@@ -139,50 +139,69 @@ def _why_not(precision: str) -> str:
     return "; ".join(f"{k}: {here.why_not(k)}" for k in kernels)
 
 
+WORKLOAD_ROWS = (1, 64)  # a decoding step's rows: a sentence decoded alone, and a batch
+
+
 def decode_times(shape: tuple[int, int]) -> dict[str, float]:
-    """Seconds per call of one FFN of the model's d_model × ffn_dim `shape` on 64 rows (a decoding
-    step's batch), for each precision this host runs, converted as decoding converts it; measured
+    """Seconds per call of one FFN of the model's d_model × ffn_dim `shape` for each precision this
+    host runs, converted as decoding converts it: the geometric mean over `WORKLOAD_ROWS` (a
+    one-row step and a 64-row step weigh alike, whichever is faster in absolute terms); measured
     once per machine (`nmt.host.probe`)."""
     d_model, ffn_dim = shape
-    return dict(probe(f"cpu-decode-times {d_model}x{ffn_dim}", lambda: _time_precisions(d_model, ffn_dim)))
+    key = f"cpu-decode-times {d_model}x{ffn_dim} rows {WORKLOAD_ROWS} x{PROBE_COPIES}"
+    return dict(probe(key, lambda: _time_precisions(d_model, ffn_dim)))
 
 
 def _time_precisions(d_model: int, ffn_dim: int) -> dict[str, float]:
-    x = torch.randn(64, d_model)
     times = {}
-    with torch.no_grad():
-        for precision in cpu_precisions():
-            kernel = fastest_int8_kernel((d_model, ffn_dim)) if precision == "int8" else ""
-            model = inference_model(_ffn(d_model, ffn_dim), torch.device("cpu"), precision, kernel)
-            inp = x.to(torch.bfloat16) if precision == "bf16" else x
-            times[precision] = best_time(lambda m=model, i=inp: m(i))
+    for precision in cpu_precisions():
+        kernel = fastest_int8_kernel((d_model, ffn_dim)) if precision == "int8" else ""
+        model = inference_model(_ffn(d_model, ffn_dim), torch.device("cpu"), precision, kernel)
+        times[precision] = workload_time(model, d_model, torch.bfloat16 if precision == "bf16" else torch.float32)
     return times
 
 
+def workload_time(model: torch.nn.Module, d_model: int, dtype: torch.dtype = torch.float32) -> float:
+    """Seconds per call of `model` on (rows, d_model) inputs: the geometric mean over `WORKLOAD_ROWS`."""
+    product = 1.0
+    with torch.no_grad():
+        for rows in WORKLOAD_ROWS:
+            x = torch.randn(rows, d_model, dtype=dtype)
+            product *= best_time(lambda x=x: model(x), repeats=3, inner=1)
+    return product ** (1 / len(WORKLOAD_ROWS))
+
+
 def fastest_int8_kernel(shape: tuple[int, int]) -> str:
-    """The int8 kernel that runs an FFN of `shape` fastest on this host, measured once per machine;
-    '' where none runs."""
+    """The int8 kernel that runs an FFN of `shape` fastest on this host (`workload_time`: one-row
+    and 64-row steps alike), measured once per machine; '' where none runs."""
     kernels = int8_kernels()
     if len(kernels) < 2:
         return "".join(kernels)
     d_model, ffn_dim = shape
 
     def measure() -> str:
-        x = torch.randn(64, d_model)
-        with torch.no_grad():
-            models = {k: inference_model(_ffn(d_model, ffn_dim), _CPU, "int8", k) for k in kernels}
-            times = {k: best_time(lambda m=m: m(x)) for k, m in models.items()}
+        models = {k: inference_model(_ffn(d_model, ffn_dim), _CPU, "int8", k) for k in kernels}
+        times = {k: workload_time(m, d_model) for k, m in models.items()}
         return min(times, key=lambda k: times[k])
 
-    return str(probe(f"cpu-int8-kernel {d_model}x{ffn_dim}", measure))
+    return str(probe(f"cpu-int8-kernel {d_model}x{ffn_dim} rows {WORKLOAD_ROWS} x{PROBE_COPIES}", measure))
 
 
 _CPU = torch.device("cpu")
 
 
+PROBE_COPIES = 8  # FFNs chained in a probe: about one decoding step's weights for the shipped configs
+
+
 def _ffn(d_model: int, ffn_dim: int) -> torch.nn.Module:
+    """`PROBE_COPIES` d_model × ffn_dim FFNs in a chain: like a decoding step, a call streams about
+    a model's worth of weights (configs/small.yaml: 16 MB of fp32 here against 15 MB per step),
+    so that the probe sees what memory traffic costs each precision, not only a cache-hot FFN."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(d_model, ffn_dim), torch.nn.ReLU(), torch.nn.Linear(ffn_dim, d_model))
+    layers: list[torch.nn.Module] = []
+    for _ in range(PROBE_COPIES):
+        layers += [torch.nn.Linear(d_model, ffn_dim), torch.nn.ReLU(), torch.nn.Linear(ffn_dim, d_model)]
+    return torch.nn.Sequential(*layers)
 
 
 def decoding_model(model: torch.nn.Module, device: torch.device, precision: str) -> torch.nn.Module:

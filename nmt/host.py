@@ -17,8 +17,10 @@ Kernels (name: what needs it; what happens without it):
   it, bf16 is refused with a one-line error and ``auto`` never picks it.
 - ``int8-fbgemm`` / ``int8-qnnpack``: PyTorch's dynamic int8 linear on the fbgemm engine (x86
   with AVX2) or QNNPACK (ARM); ``int8-onednn``: ``torch._int_mm`` (fast with AVX-512 VNNI or AMX,
-  a slow reference loop on AVX2). int8 decoding uses the fastest one measured here (`nmt.device`);
-  with none, int8 is refused and ``auto`` never picks it.
+  a slow reference loop on AVX2); ``int8-weight``: weight-only int8 with bf16 activations,
+  ``torch.ops.aten._weight_int8pack_mm`` (it streams one byte per weight, the fastest for the
+  one-row steps of a sentence decoded alone). int8 decoding uses the fastest one measured here
+  (`nmt.device`); with none, int8 is refused and ``auto`` never picks it.
 
 Tests and users simulate a host without some kernels through ``NMT_HOST_WITHOUT`` (a comma list
 of kernel names or of the presets in `PRESETS`, e.g. ``NMT_HOST_WITHOUT=avx2-only``), which
@@ -53,6 +55,7 @@ KERNELS: dict[str, str] = {
     "int8-fbgemm": "fbgemm dynamic int8 linear (x86 with AVX2)",
     "int8-qnnpack": "QNNPACK dynamic int8 linear (ARM)",
     "int8-onednn": "oneDNN int8 matmul, torch._int_mm",
+    "int8-weight": "weight-only int8 matmul, bf16 activations (torch._weight_int8pack_mm)",
 }
 
 # Hosts we do not have, as the kernels they lack (checked against real machines: an AMD EPYC
@@ -60,7 +63,7 @@ KERNELS: dict[str, str] = {
 PRESETS: dict[str, tuple[str, ...]] = {
     "avx2-only": ("pack-bf16",),
     "no-avx2": ("pack-bf16", "int8-fbgemm"),
-    "aarch64": ("pack-fp32", "pack-bf16", "int8-fbgemm", "int8-onednn"),
+    "aarch64": ("pack-fp32", "pack-bf16", "int8-fbgemm", "int8-onednn", "int8-weight"),
     "bare": tuple(KERNELS),
 }
 ENV = "NMT_HOST_WITHOUT"
@@ -172,6 +175,11 @@ def _int_mm() -> None:
     torch._int_mm(torch.ones(16, 32, dtype=torch.int8), torch.ones(32, 16, dtype=torch.int8))
 
 
+def _weight_int8() -> None:
+    x, w = torch.randn(4, 32, dtype=torch.bfloat16), torch.ones(16, 32, dtype=torch.int8)
+    torch.ops.aten._weight_int8pack_mm(x, w, torch.full((16,), 0.01, dtype=torch.bfloat16))
+
+
 _TRIALS: dict[str, Callable[[], object]] = {
     "pack-fp32": lambda: _pack(torch.float32),
     "pack-bf16": lambda: _pack(torch.bfloat16),
@@ -179,6 +187,7 @@ _TRIALS: dict[str, Callable[[], object]] = {
     "int8-fbgemm": _quantized_engine("fbgemm"),
     "int8-qnnpack": _quantized_engine("qnnpack"),
     "int8-onednn": _int_mm,
+    "int8-weight": _weight_int8,
 }
 
 
@@ -250,10 +259,12 @@ def probe(name: str, measure: Callable[[], object]) -> object:
         stored = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         stored = {}
-    if key not in stored:
-        with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
-            stored[key] = measure()
-        with contextlib.suppress(OSError):
-            atomic_write_json(path, stored)
-    _PROBES[key] = stored[key]
-    return stored[key]
+    if key in stored:
+        _PROBES[key] = stored[key]
+        return stored[key]
+    with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
+        _PROBES[key] = measure()
+    with contextlib.suppress(OSError, ValueError):  # re-read: `measure` may have stored probes of its own
+        stored = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        atomic_write_json(path, {**stored, key: _PROBES[key]})
+    return _PROBES[key]

@@ -147,7 +147,7 @@ def test_an_explicit_precision_far_slower_than_fp32_says_so_once(probe_dir, monk
     assert err.count("\n") == 1 and "bf16 runs 30.0x slower than fp32" in err and "int8 is the fastest" in err
 
 
-INT8_LAYER_KERNELS = ["int8-fbgemm", "int8-qnnpack", "int8-onednn"]
+INT8_LAYER_KERNELS = ["int8-fbgemm", "int8-qnnpack", "int8-onednn", "int8-weight"]
 
 
 @pytest.mark.parametrize("kernel", INT8_LAYER_KERNELS)

@@ -114,7 +114,7 @@ def test_auto_survives_the_real_avx2_failure(failing_bf16_packing, capsys):
 def test_a_precision_that_cannot_run_is_one_line_naming_why(monkeypatch):
     from nmt.device import resolve_inference_precision
 
-    simulate(monkeypatch, "matmul-bf16,int8-fbgemm,int8-qnnpack,int8-onednn")
+    simulate(monkeypatch, "matmul-bf16,int8-fbgemm,int8-qnnpack,int8-onednn,int8-weight")
     for precision in ("bf16", "int8"):
         with pytest.raises(NmtError, match=f"--precision {precision}: this CPU .* cannot run it") as err:
             resolve_inference_precision(torch.device("cpu"), precision)

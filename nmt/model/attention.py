@@ -35,7 +35,6 @@ from nmt.model.kv_cache import DecoderState, KVCache
 from nmt.model.masks import Packing, attention_mask_from_padding, causal_mask, decoder_self_mask
 
 BACKENDS = ("auto", "math", "sdpa", "flash")
-SHORT_ROWS = 16  # softmax_last: fewer keys than this on a CPU are computed by hand
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -125,25 +124,13 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout
 
 
 def step_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None) -> Tensor:
-    """The kernel of incremental decoding: a few queries over cached keys, as `math_attention`
-    computes it, with an additive fp32 `bias` (broadcastable to (..., Tq, S)) instead of a boolean
-    mask. q (..., Tq, dk), k/v (..., S, dk) → (..., Tq, dk). Matmuls in the input dtype, softmax in
-    fp32. On CPU this is faster than `scaled_dot_product_attention` for one query per row."""
-    scores = torch.matmul(q * (q.size(-1) ** -0.5), k.transpose(-2, -1)).float()  # (..., Tq, S)
-    if bias is not None:
-        scores = scores + bias
-    return torch.matmul(softmax_last(scores).to(v.dtype), v)
-
-
-def softmax_last(x: Tensor) -> Tensor:
-    """`x.softmax(-1)`, computed as exp(x - max) / sum on a CPU when the last dimension is shorter
-    than SHORT_ROWS: there torch 2.13's kernel takes a slow path (scores (80, 4, 1, d) fp32 on one
-    thread of an AMD EPYC: 47-82 µs for d = 8-15 against 16-21 µs by hand; 8-17 µs for d >= 16,
-    where torch's is the faster). Decoding steps over short sentences have such rows everywhere."""
-    if x.size(-1) >= SHORT_ROWS or x.device.type != "cpu":
-        return x.softmax(dim=-1)
-    e = (x - x.amax(dim=-1, keepdim=True)).exp_()
-    return e.div_(e.sum(dim=-1, keepdim=True))
+    """The kernel of incremental decoding: a few queries over cached keys, with an additive `bias`
+    in q's dtype (broadcastable to (..., Tq, S); None: every key) instead of a boolean mask.
+    q (..., Tq, dk), k/v (..., S, dk) → (..., Tq, dk); `math_attention`'s function up to rounding.
+    One fused `scaled_dot_product_attention` call: a step of a sentence decoded alone is mostly
+    per-operation overhead, and the fused kernel is one operation where the written-out math is
+    eight (docs/BENCHMARKS.md)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
 
 def dense_mask(key_pad: Tensor | None, causal: bool, t_query: int, device: torch.device) -> Tensor | None:

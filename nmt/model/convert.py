@@ -20,7 +20,7 @@ from torch import Tensor
 from nmt import host
 from nmt.model.transformer import FeedForward
 
-INT8_KERNELS = ("int8-fbgemm", "int8-qnnpack", "int8-onednn")  # `nmt.host` kernel names
+INT8_KERNELS = ("int8-fbgemm", "int8-qnnpack", "int8-onednn", "int8-weight")  # `nmt.host` kernel names
 
 
 def inference_model(
@@ -63,9 +63,23 @@ class PackedLinear(torch.nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach()
         self.op = torch.ops.mkldnn._linear_pointwise.default  # the overload: no Python dispatch checks
         self.post_op = "none"  # "relu": relu(linear(x)) in the kernel's epilogue (`fuse_relu`)
+        self.weight_t = linear.weight.detach().t().contiguous()  # (K, N): the one-row path
+        self.zero_bias = torch.zeros(self.out_features, dtype=self.weight_t.dtype)
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.numel() == self.in_features:  # one row: a matrix-vector product (see `one_row`)
+            return self.one_row(x)
         return self.op(x, self.packed, self.bias, self.post_op, [], "")
+
+    def one_row(self, x: Tensor) -> Tensor:
+        """x (..., K) holding one row → (..., N). oneDNN's packed kernel is slow for a single row (a
+        decoding step of one sentence, greedy): BLAS's matrix-vector product over the transposed
+        weight streams the same bytes with far less per-call work (docs/BENCHMARKS.md)."""
+        bias = self.zero_bias if self.bias is None else self.bias
+        y = torch.addmm(bias, x.reshape(1, self.in_features), self.weight_t)  # (1, N)
+        if self.post_op == "relu":
+            y = y.relu_()
+        return y.view(*x.shape[:-1], self.out_features)
 
 
 def can_pack(dtype: torch.dtype) -> bool:
@@ -129,6 +143,13 @@ class Int8Linear(torch.nn.Module):
       where 8 bits can saturate AVX2's 16-bit pair sums.
     - ``int8-onednn``: symmetric int8 rows and ``torch._int_mm``; fast where oneDNN has int8
       instructions (AVX-512 VNNI, AMX), a slow reference loop on AVX2.
+
+    ``int8-weight`` keeps the int8 weights and their scales but not the activations' int8: each
+    row is rounded to bf16 (8 significant bits instead of 7 bits of the row's range) and
+    multiplied with ``torch.ops.aten._weight_int8pack_mm`` (fp32 accumulation, a bf16 result).
+    One byte per weight streamed and one operation per call: the fastest where a step has a few
+    rows (a sentence decoded alone), slower than fbgemm on large batches. The scales are rounded
+    to bf16 before the weights are quantised, so the rounded scales are the exact ones.
     """
 
     def __init__(self, linear: torch.nn.Linear, kernel: str = "int8-onednn") -> None:
@@ -138,17 +159,29 @@ class Int8Linear(torch.nn.Module):
         self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
         w = linear.weight.detach().float()  # (N, K)
         self.scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127  # (N,)
-        q = torch.round(w / self.scale[:, None]).to(torch.int8)  # (N, K) in [-127, 127]
+        if kernel == "int8-weight":
+            self.scale = self.scale.bfloat16().float()  # the kernel takes bf16 scales: quantise with those
+        q = torch.round(w / self.scale[:, None]).clamp_(-127, 127).to(torch.int8)  # (N, K)
         self.bias = None if linear.bias is None else linear.bias.detach().float()
-        if kernel == "int8-onednn":
+        if kernel == "int8-weight":
+            self.weight_q, self.scale_bf16 = q, self.scale.bfloat16()
+        elif kernel == "int8-onednn":
             self.weight_t = q.t()  # (K, N)
         else:
             self.packed = _prepack(F.pad(q, (0, 2)), self.scale, kernel.removeprefix("int8-"))  # (N, K + 2)
             self.ends = torch.tensor([1.0, -1.0])
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.kernel == "int8-weight":
+            return self._weight_only(x)
         rows = x.reshape(-1, self.in_features).float()  # (M, K)
         y = self._int_mm(rows) if self.kernel == "int8-onednn" else self._dynamic(rows)  # (M, N)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def _weight_only(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, K)
+        y = torch.ops.aten._weight_int8pack_mm(rows, self.weight_q, self.scale_bf16)  # (M, N) bf16
+        y = y.float() if self.bias is None else torch.add(self.bias, y)  # fp32 (bf16 + fp32 promotes)
         return y.view(*x.shape[:-1], self.out_features)
 
     def _dynamic(self, rows: Tensor) -> Tensor:

@@ -91,7 +91,8 @@ class DecoderState:
     cross_k: list[Tensor]  # per decoder layer (N, H, S, dk), computed once
     cross_v: list[Tensor]
     src_pad: Tensor  # (N, S) bool, True = padding
-    cross_bias: Tensor  # (N, 1, 1, S) fp32, added to cross-attention scores: 0 real, finfo.min padding
+    cross_bias: Tensor | None  # (N, 1, 1, S) in the model's dtype, added to cross-attention scores: 0 real,
+    # finfo.min padding; None where no source has padding
     cross_empty: Tensor | None  # (N, 1, 1, 1): 0 for a source without any real token, else 1; None: none is
     self_kv: KVCache
     step: int = 0  # tokens decoded so far = position of the next token
@@ -114,7 +115,8 @@ class DecoderState:
             self.cross_k = [t.index_select(0, sentences) for t in self.cross_k]
             self.cross_v = [t.index_select(0, sentences) for t in self.cross_v]
             self.src_pad = self.src_pad.index_select(0, sentences)
-            self.cross_bias = self.cross_bias.index_select(0, sentences)
+            if self.cross_bias is not None:
+                self.cross_bias = self.cross_bias.index_select(0, sentences)
             if self.cross_empty is not None:
                 self.cross_empty = self.cross_empty.index_select(0, sentences)
         self.self_kv.select(rows, self.step)

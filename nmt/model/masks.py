@@ -50,11 +50,12 @@ def decoder_self_mask(tgt_pad: Tensor) -> Tensor:
     return causal_mask(T, tgt_pad.device)[None, None] & attention_mask_from_padding(tgt_pad)  # (B, 1, T, T)
 
 
-def cross_attention_bias(key_pad: Tensor) -> Tensor:
-    """(B, S) key padding → (B, 1, 1, S) fp32 additive mask for incremental decoding: 0 where a key
-    may be attended, the most negative fp32 value at padding (softmax gives it weight 0, never NaN)."""
-    bias = torch.zeros(key_pad.shape, dtype=torch.float32, device=key_pad.device)
-    return bias.masked_fill_(key_pad, torch.finfo(torch.float32).min)[:, None, None, :]
+def cross_attention_bias(key_pad: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """(B, S) key padding → (B, 1, 1, S) additive mask in `dtype` (the queries') for incremental
+    decoding: 0 where a key may be attended, the most negative finite value at padding (softmax
+    gives it weight 0, never NaN)."""
+    bias = torch.zeros(key_pad.shape, dtype=dtype, device=key_pad.device)
+    return bias.masked_fill_(key_pad, torch.finfo(dtype).min)[:, None, None, :]
 
 
 @dataclass(frozen=True, eq=False)

@@ -297,7 +297,7 @@ class Transformer(nn.Module):
             cross_k=[k for k, _ in cross],
             cross_v=[v for _, v in cross],
             src_pad=enc.src_pad,
-            cross_bias=cross_attention_bias(enc.src_pad),
+            cross_bias=cross_attention_bias(enc.src_pad, enc.memory.dtype) if bool(enc.src_pad.any()) else None,
             cross_empty=(~empty).float()[:, None, None, None] if bool(empty.any()) else None,
             self_kv=KVCache(len(cross), enc.src_pad.size(0)),
         )

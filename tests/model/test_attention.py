@@ -408,11 +408,20 @@ def test_installed_torch_varlen_signature_is_known():
     assert attention.varlen_kernel() is not None
 
 
-@pytest.mark.parametrize("keys", [1, 5, 15, 16, 40])
-def test_softmax_last_equals_torch_softmax_for_short_and_long_rows(keys):
-    x = torch.randn(6, 4, 2, keys) * 4
-    x[0, :, :, keys // 2 :] = torch.finfo(torch.float32).min  # padded keys, as the decoding bias makes them
-    x[1] = torch.finfo(torch.float32).min  # every key padded: uniform, as torch gives it
-    got = attention.softmax_last(x)
-    torch.testing.assert_close(got, x.softmax(dim=-1), rtol=1e-6, atol=1e-7)
-    assert got.shape == x.shape and torch.allclose(got.sum(dim=-1), torch.ones(6, 4, 2))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("keys", [1, 5, 16, 40])
+def test_step_attention_equals_math_attention_with_padding_bias(keys, dtype):
+    from nmt.model.masks import cross_attention_bias
+
+    torch.manual_seed(keys)
+    q = torch.randn(3, 4, 2, 8, dtype=dtype)  # (N, H, beam, dk)
+    k, v = torch.randn(3, 4, keys, 8, dtype=dtype), torch.randn(3, 4, keys, 8, dtype=dtype)
+    pad = torch.zeros(3, keys, dtype=torch.bool)
+    pad[0, keys // 2 + 1 :] = True  # a padded source
+    pad[2] = True  # no real key at all: finite bias, no NaN (the decoder zeroes such rows)
+    got = attention.step_attention(q, k, v, cross_attention_bias(pad, dtype))  # (3, 4, 2, 8)
+    want = attention.math_attention(q, k, v, ~pad[:, None, None, :])
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(got[:2], want[:2], **tol)
+    assert not got.isnan().any()
+    torch.testing.assert_close(attention.step_attention(q, k, v), attention.math_attention(q, k, v, None), **tol)

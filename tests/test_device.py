@@ -172,6 +172,70 @@ def test_int8_linear_rows_do_not_depend_on_the_batch_and_stay_close_to_fp32(kern
         assert torch.equal(layer(torch.zeros(2, 48)), linear.bias.expand(2, 20))  # an all-zero row: the bias
 
 
+def test_weight_only_int8_quantises_with_the_scales_the_kernel_sees():
+    """int8-weight hands the kernel bf16 scales; the weights are quantised with exactly those,
+    so the kernel's product is the int8 weights times the scales it reads (no second rounding)."""
+    from nmt import host
+    from nmt.model.convert import Int8Linear
+
+    if not host.current().has("int8-weight"):
+        pytest.skip(host.current().why_not("int8-weight"))
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(64, 24)
+    layer = Int8Linear(linear, "int8-weight")
+    assert torch.equal(layer.scale_bf16.float(), layer.scale) and layer.weight_q.dtype == torch.int8
+    assert int(layer.weight_q.abs().max()) <= 127
+    x = torch.randn(5, 64)
+    with torch.no_grad():
+        exact = x.bfloat16().float() @ (layer.weight_q.float() * layer.scale[:, None]).t() + linear.bias
+        torch.testing.assert_close(layer(x), exact, rtol=1e-2, atol=1e-2)  # the kernel's bf16 result
+        torch.testing.assert_close(layer(x), linear(x), rtol=0.05, atol=0.05)
+
+
+def test_one_row_of_a_packed_layer_is_a_matrix_vector_product_with_the_same_result():
+    from nmt.model.convert import PackedLinear, can_pack
+
+    if not can_pack(torch.float32):
+        pytest.skip("this host has no oneDNN pre-packed fp32 linear")
+    torch.manual_seed(2)
+    for bias, relu in ((True, False), (False, True)):
+        linear = torch.nn.Linear(32, 48, bias=bias)
+        layer = PackedLinear(linear)
+        layer.post_op = "relu" if relu else "none"
+        x = torch.randn(4, 1, 32)
+        with torch.no_grad():
+            together = layer(x)  # (4, 1, 48): the packed kernel
+            alone = torch.cat([layer(x[i : i + 1]) for i in range(4)])  # four one-row calls
+            want = linear(x).relu() if relu else linear(x)
+            torch.testing.assert_close(alone, together, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(alone, want, rtol=1e-5, atol=1e-6)
+            assert layer(x[0, 0]).shape == (48,)  # a bare vector keeps its shape
+
+
+def test_probes_weigh_a_one_row_step_and_a_batch_alike(probe_dir, monkeypatch):
+    """The precision and int8-kernel probes time each candidate at one row and at 64 rows (a
+    sentence decoded alone, a batch) and compare geometric means; a probe measured inside
+    another (the int8 kernel inside the precision probe) is kept on disk too."""
+    import nmt.device as device
+    from nmt import host
+
+    seen: list[int] = []
+    monkeypatch.setattr(host, "best_time", lambda fn, **_: fn() or 1.0)
+    monkeypatch.setattr(device, "best_time", host.best_time)
+    assert device.workload_time(lambda x: seen.append(x.size(0)), 8) == 1.0
+    assert seen == list(device.WORKLOAD_ROWS) == [1, 64]
+    monkeypatch.setattr(device, "int8_kernels", lambda: ["int8-fbgemm", "int8-weight"])
+    monkeypatch.setattr(device, "workload_time", lambda model, d: {"int8-fbgemm": 3.0, "int8-weight": 2.0}[model])
+    monkeypatch.setattr(device, "inference_model", lambda model, dev, precision, kernel: kernel)
+
+    def outer() -> str:
+        return device.fastest_int8_kernel((8, 16))
+
+    assert host.probe("outer", outer) == "int8-weight"
+    stored = (probe_dir / "probes.json").read_text()
+    assert "cpu-int8-kernel 8x16" in stored and "outer |" in stored
+
+
 def test_int8_quantises_every_linear_layer_and_packing_keeps_outputs():
     from nmt.config import ModelConfig
     from nmt.model.convert import Int8Linear, PackedLinear, can_pack, inference_model

@@ -64,7 +64,7 @@ class PackedLinear(torch.nn.Module):
         self.op = torch.ops.mkldnn._linear_pointwise.default  # the overload: no Python dispatch checks
         self.post_op = "none"  # "relu": relu(linear(x)) in the kernel's epilogue (`fuse_relu`)
         self.weight_t = linear.weight.detach().t().contiguous()  # (K, N): the one-row path
-        self.zero_bias = torch.zeros(self.out_features, dtype=self.weight_t.dtype)
+        self.row_bias = torch.zeros(self.out_features, dtype=self.weight_t.dtype) if self.bias is None else self.bias
 
     def forward(self, x: Tensor) -> Tensor:
         if x.numel() == self.in_features:  # one row: a matrix-vector product (see `one_row`)
@@ -75,11 +75,10 @@ class PackedLinear(torch.nn.Module):
         """x (..., K) holding one row → (..., N). oneDNN's packed kernel is slow for a single row (a
         decoding step of one sentence, greedy): BLAS's matrix-vector product over the transposed
         weight streams the same bytes with far less per-call work (docs/BENCHMARKS.md)."""
-        bias = self.zero_bias if self.bias is None else self.bias
-        y = torch.addmm(bias, x.reshape(1, self.in_features), self.weight_t)  # (1, N)
+        y = torch.addmm(self.row_bias, x.reshape(1, self.in_features), self.weight_t)  # (1, N)
         if self.post_op == "relu":
             y = y.relu_()
-        return y.view(*x.shape[:-1], self.out_features)
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
 
 def can_pack(dtype: torch.dtype) -> bool:
@@ -165,6 +164,7 @@ class Int8Linear(torch.nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach().float()
         if kernel == "int8-weight":
             self.weight_q, self.scale_bf16 = q, self.scale.bfloat16()
+            self.int8pack_mm = torch.ops.aten._weight_int8pack_mm.default  # the overload: no dispatch checks
         elif kernel == "int8-onednn":
             self.weight_t = q.t()  # (K, N)
         else:
@@ -179,10 +179,10 @@ class Int8Linear(torch.nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def _weight_only(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, K)
-        y = torch.ops.aten._weight_int8pack_mm(rows, self.weight_q, self.scale_bf16)  # (M, N) bf16
+        rows = (x if x.dim() == 2 else x.reshape(-1, self.in_features)).to(torch.bfloat16)  # (M, K)
+        y = self.int8pack_mm(rows, self.weight_q, self.scale_bf16)  # (M, N) bf16
         y = y.float() if self.bias is None else torch.add(self.bias, y)  # fp32 (bf16 + fp32 promotes)
-        return y.view(*x.shape[:-1], self.out_features)
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
     def _dynamic(self, rows: Tensor) -> Tensor:
         row_scale = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12)  # (M, 1)

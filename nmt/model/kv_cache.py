@@ -38,11 +38,17 @@ class KVCache:
     @torch.no_grad()
     def append(self, layer: int, t: int, kv: Tensor) -> tuple[Tensor, Tensor]:
         """Write position `t` of `layer`: kv (R, 2, H, dk) → K, V views (R, H, t+1, dk) of positions 0..t."""
+        cache = self.room(t, kv)
+        cache[layer, :, :, :, t].copy_(kv.transpose(0, 1))  # (2, R, H, dk)
+        return cache[layer, 0, :, :, : t + 1], cache[layer, 1, :, :, : t + 1]
+
+    def room(self, t: int, like: Tensor) -> Tensor:
+        """The cache (L, 2, R, H, C, dk) with room for position `t` (moved to a buffer with twice
+        the room when it is used up); `like`: a step's K/V (R, 2, H, dk), for dtype, H and dk."""
         if self.kv is None or self.kv.size(4) <= t:
-            self._move(torch.arange(self.rows, device=kv.device), t, 2 * (t + 1), kv)
+            self._move(torch.arange(self.rows, device=like.device), t, 2 * (t + 1), like)
         assert self.kv is not None
-        self.kv[layer, :, :, :, t].copy_(kv.transpose(0, 1))  # (2, R, H, dk)
-        return self.kv[layer, 0, :, :, : t + 1], self.kv[layer, 1, :, :, : t + 1]
+        return self.kv
 
     @torch.no_grad()
     def select(self, rows: Tensor, t: int) -> None:

@@ -17,6 +17,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from nmt.decode.options import ALONE_ROWS, BATCH_ROWS
 from nmt.errors import NmtError
 
 app = typer.Typer(
@@ -212,9 +213,9 @@ def translate(
     if texts and input:
         raise NmtError("give sentences as arguments or --input FILE, not both")
     sampling = _sampling(sample_topk, sample_topp, temperature, seed)
-    opts = _inference(
-        run, checkpoint, device, precision, engine, beam=beam, nbest=nbest, len_penalty=len_penalty, sampling=sampling
-    )
+    search = {"beam": beam, "nbest": nbest, "len_penalty": len_penalty, "sampling": sampling}
+    rows = ALONE_ROWS if texts else BATCH_ROWS  # sentences given as arguments: decoded one at a time
+    opts = _inference(run, checkpoint, device, precision, engine, **search, rows=rows)
     if attention is not None:
         from nmt.serve.plot import translate_with_attention
 
@@ -435,7 +436,7 @@ def serve(
 
     batch = BatchLimits(batch_wait_ms, max_batch, workers)
     limits = ServeLimits(max_sentences, max_chars, max_beam=max_beam, batch=batch)
-    opts = _inference(run, checkpoint, device, precision, engine, beam=beam)
+    opts = _inference(run, checkpoint, device, precision, engine, beam=beam, rows=ALONE_ROWS)  # requests: few sentences
     access = LibreAccess.load(api_keys, req_limit)  # before loading the model: a bad file fails at once
     run_server(opts, ServeOptions(host, port, limits, log_level.value, access))
 

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 import torch
 
 from nmt import host
-from nmt.decode.options import available_cores
+from nmt.decode.options import ALONE_ROWS, BATCH_ROWS, available_cores
 from nmt.errors import NmtError
 from nmt.host import best_time, probe
 from nmt.model.convert import INT8_KERNELS, inference_model, int8_kernels
@@ -83,9 +83,12 @@ def resolve_precision(device: torch.device, precision: str) -> str:
 # --------------------------------------------------------------------------- decoding precision
 
 
-def resolve_inference_precision(device: torch.device, precision: str, shape: tuple[int, int] = (512, 2048)) -> str:
+def resolve_inference_precision(
+    device: torch.device, precision: str, shape: tuple[int, int] = (512, 2048), rows: int = BATCH_ROWS
+) -> str:
     """The precision a model decodes in. 'auto': on a CPU the fastest measured of the precisions
-    this host runs (fp32, bf16, int8) for a model whose d_model × ffn_dim is `shape`; on CUDA bf16
+    this host runs (fp32, bf16, int8) for a model whose d_model × ffn_dim is `shape`, on steps of
+    `rows` rows (`BATCH_ROWS` for batches, `ALONE_ROWS` for a sentence at a time); on CUDA bf16
     (fp16 without bf16 support). Other values are checked against the device and returned, with one
     warning line where they run far slower than fp32 here. NmtError for impossible requests."""
     if precision not in INFERENCE_PRECISIONS:
@@ -101,7 +104,7 @@ def resolve_inference_precision(device: torch.device, precision: str, shape: tup
             f"--precision {precision}: this CPU ({here.describe()}) cannot run it "
             f"({_why_not(precision)}); use {' or '.join(runnable)}"
         )
-    times = decode_times(shape)
+    times = decode_times(shape, rows)
     fastest = min(times, key=lambda p: times[p])
     if precision == "auto":
         return fastest
@@ -139,52 +142,46 @@ def _why_not(precision: str) -> str:
     return "; ".join(f"{k}: {here.why_not(k)}" for k in kernels)
 
 
-WORKLOAD_ROWS = (1, 64)  # a decoding step's rows: a sentence decoded alone, and a batch
-
-
-def decode_times(shape: tuple[int, int]) -> dict[str, float]:
-    """Seconds per call of one FFN of the model's d_model × ffn_dim `shape` for each precision this
-    host runs, converted as decoding converts it: the geometric mean over `WORKLOAD_ROWS` (a
-    one-row step and a 64-row step weigh alike, whichever is faster in absolute terms); measured
-    once per machine (`nmt.host.probe`)."""
+def decode_times(shape: tuple[int, int], rows: int = BATCH_ROWS) -> dict[str, float]:
+    """Seconds per call of a chain of FFNs of the model's d_model × ffn_dim `shape` (`_ffn`) on
+    `rows` rows, for each precision this host runs, converted as decoding converts it; measured
+    once per machine (`nmt.host.probe`). The fastest precision differs with the rows: one row
+    streams every weight for one matrix-vector product (bytes per weight decide), 64 rows are
+    matrix products (the kernel's arithmetic decides)."""
     d_model, ffn_dim = shape
-    key = f"cpu-decode-times {d_model}x{ffn_dim} rows {WORKLOAD_ROWS} x{PROBE_COPIES}"
-    return dict(probe(key, lambda: _time_precisions(d_model, ffn_dim)))
+    key = f"cpu-decode-times {d_model}x{ffn_dim} rows {rows} x{PROBE_COPIES}"
+    return dict(probe(key, lambda: _time_precisions(d_model, ffn_dim, rows)))
 
 
-def _time_precisions(d_model: int, ffn_dim: int) -> dict[str, float]:
+def _time_precisions(d_model: int, ffn_dim: int, rows: int) -> dict[str, float]:
     times = {}
     for precision in cpu_precisions():
-        kernel = fastest_int8_kernel((d_model, ffn_dim)) if precision == "int8" else ""
+        kernel = fastest_int8_kernel((d_model, ffn_dim), rows) if precision == "int8" else ""
         model = inference_model(_ffn(d_model, ffn_dim), torch.device("cpu"), precision, kernel)
-        times[precision] = workload_time(model, d_model, torch.bfloat16 if precision == "bf16" else torch.float32)
+        x = torch.randn(rows, d_model, dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
+        times[precision] = _step_time(model, x)
     return times
 
 
-def workload_time(model: torch.nn.Module, d_model: int, dtype: torch.dtype = torch.float32) -> float:
-    """Seconds per call of `model` on (rows, d_model) inputs: the geometric mean over `WORKLOAD_ROWS`."""
-    product = 1.0
+def _step_time(model: torch.nn.Module, x: torch.Tensor) -> float:
     with torch.no_grad():
-        for rows in WORKLOAD_ROWS:
-            x = torch.randn(rows, d_model, dtype=dtype)
-            product *= best_time(lambda x=x: model(x), repeats=3, inner=1)
-    return product ** (1 / len(WORKLOAD_ROWS))
+        return best_time(lambda: model(x), repeats=3, inner=1)
 
 
-def fastest_int8_kernel(shape: tuple[int, int]) -> str:
-    """The int8 kernel that runs an FFN of `shape` fastest on this host (`workload_time`: one-row
-    and 64-row steps alike), measured once per machine; '' where none runs."""
+def fastest_int8_kernel(shape: tuple[int, int], rows: int = BATCH_ROWS) -> str:
+    """The int8 kernel that runs a chain of FFNs of `shape` on `rows` rows fastest on this host,
+    measured once per machine; '' where none runs."""
     kernels = int8_kernels()
     if len(kernels) < 2:
         return "".join(kernels)
     d_model, ffn_dim = shape
 
     def measure() -> str:
-        models = {k: inference_model(_ffn(d_model, ffn_dim), _CPU, "int8", k) for k in kernels}
-        times = {k: workload_time(m, d_model) for k, m in models.items()}
+        x = torch.randn(rows, d_model)
+        times = {k: _step_time(inference_model(_ffn(d_model, ffn_dim), _CPU, "int8", k), x) for k in kernels}
         return min(times, key=lambda k: times[k])
 
-    return str(probe(f"cpu-int8-kernel {d_model}x{ffn_dim} rows {WORKLOAD_ROWS} x{PROBE_COPIES}", measure))
+    return str(probe(f"cpu-int8-kernel {d_model}x{ffn_dim} rows {rows} x{PROBE_COPIES}", measure))
 
 
 _CPU = torch.device("cpu")
@@ -204,27 +201,30 @@ def _ffn(d_model: int, ffn_dim: int) -> torch.nn.Module:
     return torch.nn.Sequential(*layers)
 
 
-def decoding_model(model: torch.nn.Module, device: torch.device, precision: str) -> torch.nn.Module:
+def decoding_model(
+    model: torch.nn.Module, device: torch.device, precision: str, rows: int = BATCH_ROWS
+) -> torch.nn.Module:
     """`model` converted for decoding in the resolved `precision`, with the int8 kernel measured
-    fastest here for its shape."""
+    fastest here for its shape on steps of `rows` rows."""
     cfg = getattr(model, "cfg", None)
     shape = (cfg.d_model, cfg.ffn_dim) if cfg is not None else (512, 2048)
-    kernel = fastest_int8_kernel(shape) if precision == "int8" else ""
+    kernel = fastest_int8_kernel(shape, rows) if precision == "int8" else ""
     return inference_model(model, device, precision, kernel)
 
 
 def describe_host(shape: tuple[int, int] = (256, 1024)) -> str:
     """`nmt doctor`: the host, its kernels (or why each is missing) and the decoding precisions
-    it runs, with their measured time on an FFN of `shape` relative to fp32."""
+    it runs, with their measured time on FFNs of `shape` relative to fp32, for a sentence at a
+    time and for batches."""
     here = host.current()
     lines = [f"CPU: {here.describe()}; torch {torch.__version__}, {torch.get_num_threads()} threads"]
     lines += [f"  {name:<13} {status}" for name, _, status in host.table()]
-    times = decode_times(shape)
-    speeds = ", ".join(f"{p} {times['fp32'] / t:.2f}x" for p, t in times.items())
-    best = min(times, key=lambda p: times[p])
-    lines.append(f"decoding precisions, speed vs fp32 on a {shape[0]}x{shape[1]} FFN: {speeds}; auto = {best}")
-    if "int8" in times:
-        lines.append(f"int8 kernel: {fastest_int8_kernel(shape)}")
+    for rows, what in ((ALONE_ROWS, "one sentence at a time"), (BATCH_ROWS, f"batches ({BATCH_ROWS} rows)")):
+        times = decode_times(shape, rows)
+        speeds = ", ".join(f"{p} {times['fp32'] / t:.2f}x" for p, t in times.items())
+        best = min(times, key=lambda p: times[p])
+        kernel = f"; int8 kernel {fastest_int8_kernel(shape, rows)}" if "int8" in times else ""
+        lines.append(f"decoding {what}, speed vs fp32 ({shape[0]}x{shape[1]} FFNs): {speeds}; auto = {best}{kernel}")
     return "\n".join(lines)
 
 

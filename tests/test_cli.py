@@ -75,6 +75,20 @@ def test_translate_arguments(tiny_run):
     assert len(result.stdout.splitlines()) == 2
 
 
+def test_translate_tunes_the_native_engine_for_how_it_decodes(tiny_run, monkeypatch, tmp_path):
+    """Sentences given as arguments are decoded one at a time (the precision and int8 kernel
+    measured fastest for one-row steps), a file in batches."""
+    import nmt.decode.translator as translator
+    from nmt.decode.options import ALONE_ROWS, BATCH_ROWS
+
+    seen = []
+    monkeypatch.setattr(translator, "translate_to", lambda opts, **_: seen.append(opts.rows))
+    (tmp_path / "in.txt").write_text("你好。\n", encoding="utf-8")
+    assert invoke("translate", "--run", str(tiny_run), "你好。").exit_code == 0
+    assert invoke("translate", "--run", str(tiny_run), "--input", str(tmp_path / "in.txt")).exit_code == 0
+    assert seen == [ALONE_ROWS, BATCH_ROWS] and ALONE_ROWS < BATCH_ROWS
+
+
 def test_translate_stdin_keeps_order_and_empty_lines(tiny_run):
     result = invoke("translate", "--run", str(tiny_run), "--beam", "1", input="你好。\n\n我爱你。\n")
     assert result.exit_code == 0, result.stderr

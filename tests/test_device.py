@@ -114,7 +114,7 @@ def test_auto_precision_is_measured_once_and_cached_on_disk(probe_dir, monkeypat
     from nmt import host
 
     calls = []
-    monkeypatch.setattr(device, "_time_precisions", lambda d, f: calls.append((d, f)) or {"fp32": 2.0, "int8": 1.0})
+    monkeypatch.setattr(device, "_time_precisions", lambda d, f, r: calls.append((d, f)) or {"fp32": 2.0, "int8": 1.0})
     cpu = torch.device("cpu")
     assert device.resolve_inference_precision(cpu, "auto", (32, 64)) == "int8"
     assert device.resolve_inference_precision(cpu, "auto", (32, 64)) == "int8"
@@ -136,7 +136,7 @@ def test_decode_times_really_time_every_precision_this_host_runs(probe_dir):
 def test_an_explicit_precision_far_slower_than_fp32_says_so_once(probe_dir, monkeypatch, capsys):
     import nmt.device as device
 
-    monkeypatch.setattr(device, "_time_precisions", lambda d, f: {"fp32": 1.0, "bf16": 30.0, "int8": 0.5})
+    monkeypatch.setattr(device, "_time_precisions", lambda d, f, r: {"fp32": 1.0, "bf16": 30.0, "int8": 0.5})
     monkeypatch.setattr(device, "cpu_precisions", lambda: ["fp32", "bf16", "int8"])
     device.warn_once.cache_clear()
     cpu = torch.device("cpu")
@@ -212,28 +212,36 @@ def test_one_row_of_a_packed_layer_is_a_matrix_vector_product_with_the_same_resu
             assert layer(x[0, 0]).shape == (48,)  # a bare vector keeps its shape
 
 
-def test_probes_weigh_a_one_row_step_and_a_batch_alike(probe_dir, monkeypatch):
-    """The precision and int8-kernel probes time each candidate at one row and at 64 rows (a
-    sentence decoded alone, a batch) and compare geometric means; a probe measured inside
-    another (the int8 kernel inside the precision probe) is kept on disk too."""
+def test_probes_are_measured_per_workload_and_nested_probes_are_kept(probe_dir, monkeypatch):
+    """The precision and int8-kernel probes time each candidate on steps of the rows the caller
+    decodes (one row: a sentence at a time; 64: batches), each its own measurement; a probe
+    measured inside another (the int8 kernel inside the precision probe) is kept on disk too."""
     import nmt.device as device
     from nmt import host
 
+    fake = {("int8-fbgemm", 1): 3.0, ("int8-weight", 1): 1.0, ("int8-fbgemm", 64): 2.0, ("int8-weight", 64): 4.0}
     seen: list[int] = []
-    monkeypatch.setattr(host, "best_time", lambda fn, **_: fn() or 1.0)
-    monkeypatch.setattr(device, "best_time", host.best_time)
-    assert device.workload_time(lambda x: seen.append(x.size(0)), 8) == 1.0
-    assert seen == list(device.WORKLOAD_ROWS) == [1, 64]
     monkeypatch.setattr(device, "int8_kernels", lambda: ["int8-fbgemm", "int8-weight"])
-    monkeypatch.setattr(device, "workload_time", lambda model, d: {"int8-fbgemm": 3.0, "int8-weight": 2.0}[model])
     monkeypatch.setattr(device, "inference_model", lambda model, dev, precision, kernel: kernel)
-
-    def outer() -> str:
-        return device.fastest_int8_kernel((8, 16))
-
-    assert host.probe("outer", outer) == "int8-weight"
+    monkeypatch.setattr(device, "_step_time", lambda kernel, x: seen.append(x.size(0)) or fake[kernel, x.size(0)])
+    assert host.probe("outer", lambda: device.fastest_int8_kernel((8, 16), 1)) == "int8-weight"
+    assert device.fastest_int8_kernel((8, 16), device.BATCH_ROWS) == "int8-fbgemm"
+    assert seen == [1, 1, 64, 64]
     stored = (probe_dir / "probes.json").read_text()
-    assert "cpu-int8-kernel 8x16" in stored and "outer |" in stored
+    assert "cpu-int8-kernel 8x16 rows 1 " in stored and "cpu-int8-kernel 8x16 rows 64 " in stored
+    assert "outer |" in stored
+
+
+def test_the_chosen_precision_follows_the_workload(probe_dir, monkeypatch):
+    import nmt.device as device
+
+    times = {1: {"fp32": 2.0, "int8": 1.0}, 64: {"fp32": 1.0, "int8": 1.3}}
+    monkeypatch.setattr(device, "_time_precisions", lambda d, f, rows: times[rows])
+    monkeypatch.setattr(device, "cpu_precisions", lambda: ["fp32", "int8"])
+    cpu = torch.device("cpu")
+    assert device.resolve_inference_precision(cpu, "auto", (8, 16), device.ALONE_ROWS) == "int8"
+    assert device.resolve_inference_precision(cpu, "auto", (8, 16), device.BATCH_ROWS) == "fp32"
+    assert device.resolve_inference_precision(cpu, "auto", (8, 16)) == "fp32"  # batches unless told
 
 
 def test_int8_quantises_every_linear_layer_and_packing_keeps_outputs():

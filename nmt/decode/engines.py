@@ -20,7 +20,7 @@ import torch
 from nmt.config import DecodeConfig
 from nmt.contracts import Found, OnDone
 from nmt.data.batching import pad_sources
-from nmt.decode.options import Sampling
+from nmt.decode.options import BATCH_ROWS, Sampling
 from nmt.decode.search import Hypothesis, beam_search, greedy_search
 from nmt.device import decoding_model, resolve_inference_precision
 from nmt.model.fast_decoder import fast_decoder
@@ -29,20 +29,26 @@ from nmt.model.fast_decoder import fast_decoder
 class NativeEngine:
     """nmt's PyTorch model on `device`, decoding in `precision` (auto | fp32 | bf16 | fp16 | int8).
 
-    'auto' resolves to the fastest precision measured on this machine (`nmt.device`); the model is
-    converted once (bf16/fp16 weights, int8 linear layers), `self.precision` is the result.
+    'auto' resolves to the fastest precision measured on this machine (`nmt.device`) for steps of
+    `rows` rows (64: batches; 1: a sentence at a time), which also picks the int8 kernel; the model
+    is converted once (bf16/fp16 weights, int8 linear layers), `self.precision` is the result.
     """
 
     name = "native"
 
     def __init__(
-        self, model: torch.nn.Module, decode: DecodeConfig, device: torch.device | str, precision: str
+        self,
+        model: torch.nn.Module,
+        decode: DecodeConfig,
+        device: torch.device | str,
+        precision: str,
+        rows: int = BATCH_ROWS,
     ) -> None:
         device = torch.device(device)
         cfg = getattr(model, "cfg", None)
         shape = (cfg.d_model, cfg.ffn_dim) if cfg is not None else (512, 2048)
-        self.precision = resolve_inference_precision(device, precision, shape)
-        self.model = decoding_model(model, device, self.precision)
+        self.precision = resolve_inference_precision(device, precision, shape, rows)
+        self.model = decoding_model(model, device, self.precision, rows)
         self.stepper = fast_decoder(self.model)  # what the searches drive: the same steps, less overhead
         self.decode, self.device = decode, device
 

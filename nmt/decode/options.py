@@ -15,6 +15,8 @@ from pathlib import Path
 from nmt.errors import NmtError
 
 ENGINES = ("native", "ctranslate2", "auto")  # auto: `nmt.decode.loading.choose_engine`
+BATCH_ROWS = 64  # rows of a decoding step in batches (files: eval, backtranslate, translate --input)
+ALONE_ROWS = 1  # a sentence at a time (translate of a few arguments, the server)
 
 
 def available_cores() -> int:
@@ -70,3 +72,5 @@ class InferenceOptions:
     sampling: Sampling | None = None  # draw tokens (top-k / top-p / temperature, seeded) instead of searching
     ensemble: tuple[Path, ...] = ()  # more checkpoints decoded with `checkpoint` as one model (native engine)
     threads: int = 0  # CPU threads of the CTranslate2 engine, fixed when it loads (0: `cpu_threads`)
+    rows: int = BATCH_ROWS  # rows of a typical decoding step: the native engine's `auto` precision and int8
+    # kernel are those measured fastest for it (`nmt.device`); ALONE_ROWS for a sentence at a time

@@ -109,6 +109,7 @@ class Translator:
         sampling: Sampling | None = InferenceOptions.sampling,
         ensemble: tuple[Path, ...] = InferenceOptions.ensemble,
         threads: int = InferenceOptions.threads,
+        rows: int = InferenceOptions.rows,
     ) -> Translator:
         """Load `checkpoint` (default: `nmt.checkpoint_files.choose_inference_checkpoint`) with the run's vocabularies.
         Defaults are `InferenceOptions`' (one set for every way in: CLI, server, scripts).
@@ -143,10 +144,13 @@ class Translator:
                 ct2 = CTranslate2Engine.from_checkpoint(run_dir, path, config, dev, precision, threads)
             translator = cls(None, src_tok, tgt_tok, config, checkpoint=path, engine=ct2)
         else:
+            from nmt.decode.engines import NativeEngine
+
             model = loading.load_model(config, src_tok.vocab_size, tgt_tok.vocab_size, path)
             if ensemble:
                 model = loading.load_ensemble(model, run_dir, config, ensemble, dev.type)
-            translator = cls(model, src_tok, tgt_tok, config, dev, precision, path)  # the engine resolves 'auto'
+            native = NativeEngine(model, config.decode, dev, precision, rows)  # resolves precision 'auto'
+            translator = cls(model, src_tok, tgt_tok, config, checkpoint=path, engine=native)
         translator.sampling = sampling
         print(describe_checkpoint(path, choice.reason if choice else "named explicitly") + picked.note, file=sys.stderr)
         return translator
@@ -167,6 +171,7 @@ class Translator:
             sampling=opts.sampling,
             ensemble=opts.ensemble,
             threads=opts.threads,
+            rows=opts.rows,
         )
 
     # ----------------------------------------------------------------------- public API

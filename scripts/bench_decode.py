@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
+import functools
 import random
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -36,7 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from nmt import host  # noqa: E402
 from nmt.checkpoint_files import find_inference_checkpoint  # noqa: E402
 from nmt.decode.evaluate import read_lines, score  # noqa: E402
+from nmt.decode.options import ALONE_ROWS, BATCH_ROWS  # noqa: E402
 from nmt.decode.translator import Translator  # noqa: E402
+from nmt.model.fast_decoder import FastDecoder  # noqa: E402
 
 ROWS = "native:fp32,native:bf16,native:int8,ctranslate2:fp32,ctranslate2:int8"
 
@@ -94,15 +99,21 @@ def _whole_batches(base: type) -> type:
     return WholeBatches
 
 
-def load(args: argparse.Namespace) -> dict[str, Translator | str]:
-    """One Translator per row of `--rows` (or the reason it cannot run, as a string)."""
+def load(args: argparse.Namespace, rows: int, reuse: dict[str, Translator | str] | None = None) -> dict:
+    """One Translator per row of `--rows` (or the reason it cannot run, as a string); native rows
+    tuned for steps of `rows` rows (`InferenceOptions.rows`), CTranslate2 rows taken from `reuse`."""
     loaded: dict[str, Translator | str] = {}
     native = None
     for row in args.rows.split(","):
         engine, precision = row.split(":")
+        if engine != "native" and reuse is not None:
+            loaded[row] = reuse[row]
+            continue
         try:
             if engine == "native":
-                loaded[row] = Translator.from_run(args.run, args.checkpoint, device="cpu", precision=precision)
+                loaded[row] = Translator.from_run(
+                    args.run, args.checkpoint, device="cpu", precision=precision, rows=rows
+                )
                 native = native or loaded[row]
             else:
                 base = native or Translator.from_run(args.run, args.checkpoint, device="cpu", precision="fp32")
@@ -112,6 +123,12 @@ def load(args: argparse.Namespace) -> dict[str, Translator | str]:
         except Exception as e:  # noqa: BLE001 - a row that cannot run is reported, the others go on
             loaded[row] = f"skipped: {str(e).splitlines()[0][:90]}"
     return loaded
+
+
+def precision_of(tr: Translator) -> str:
+    """The resolved precision, with the int8 kernel the native engine chose."""
+    kernels = {getattr(m, "kernel", None) for m in tr.model.modules()} - {None} if tr.model is not None else set()
+    return tr.precision + (f" ({', '.join(sorted(kernels))})" if kernels else "")
 
 
 def measure(tr: Translator, src: list[str], batch: int, beam: int) -> tuple[float, list[str]]:
@@ -127,7 +144,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     args.checkpoint = args.checkpoint or find_inference_checkpoint(args.run)
     src, ref = subset(args.run, args.sentences, args.seed)
-    rows = load(args)
+    rows = load(args, BATCH_ROWS)
+    alone = load(args, ALONE_ROWS, reuse=rows) if "1" in args.batches.split(",") else rows
     try:
         import ctranslate2
 
@@ -144,14 +162,17 @@ def main() -> None:
     for row, tr in rows.items():
         if isinstance(tr, str):
             print(f"# {row}: {tr}")
-    live = {row: tr for row, tr in rows.items() if not isinstance(tr, str)}
-    warm = src[:32]
-    for tr in live.values():
-        tr.translate(warm, beam=args.beam)
+    tuned = {
+        n: {row: tr for row, tr in found.items() if not isinstance(tr, str)} for n, found in ((64, rows), (1, alone))
+    }
+
+    for tr in {id(t): t for found in tuned.values() for t in found.values()}.values():
+        tr.translate(src[:32], beam=args.beam)  # warm-up
     print("\n| batch | search | engine | precision | sentences/s | × CTranslate2 fp32 | BLEU |")
     print("|---:|---|---|---|---:|---:|---:|")
     for batch in (int(b) for b in args.batches.split(",")):
         n = min(len(src), args.batch1_sentences) if batch == 1 else len(src)
+        live = tuned[1 if batch == 1 else 64]  # the native engine tuned for one sentence at a time at batch 1
         for search, beam in ((f"beam {args.beam}", args.beam), ("greedy", 1)):
             best: dict[str, float] = {}
             bleu: dict[str, float] = {}
@@ -165,12 +186,12 @@ def main() -> None:
                 engine, precision = row.split(":")
                 ratio = f"{best[row] / base:.2f}" if base else "–"
                 print(
-                    f"| {batch} | {search} | {engine} | {live[row].precision} | {best[row]:.1f} | {ratio} "
+                    f"| {batch} | {search} | {engine} | {precision_of(live[row])} | {best[row]:.1f} | {ratio} "
                     f"| {bleu[row]:.2f} |",
                     flush=True,
                 )
     if args.breakdown:
-        breakdown(live, src[: args.breakdown], args.beam)
+        breakdown(tuned[1], src[: args.breakdown], args.beam)
     if args.cli_repeats:
         cli_latency(args)
 
@@ -183,9 +204,15 @@ class Clock:
         self.calls: collections.Counter = collections.Counter()
 
     def wrap(self, obj: object, name: str, label: str) -> None:
-        fn = getattr(obj, name)
+        setattr(obj, name, self.timed(getattr(obj, name), label))
 
-        def timed(*a, **k):  # noqa: ANN002, ANN003, ANN202
+    def unwrap(self, obj: object, name: str) -> None:
+        delattr(obj, name)
+
+    def timed(self, fn: Callable, label: str) -> Callable:
+        """`fn`, its wall time and calls counted under `label`."""
+
+        def call(*a, **k):  # noqa: ANN002, ANN003, ANN202
             start = time.perf_counter()
             try:
                 return fn(*a, **k)
@@ -193,50 +220,52 @@ class Clock:
                 self.seconds[label] += time.perf_counter() - start
                 self.calls[label] += 1
 
-        setattr(obj, name, timed)
-
-    def unwrap(self, obj: object, name: str) -> None:
-        delattr(obj, name)
-
-
-PARTS = (("self_attn", "self_step", "self-attention"), ("cross_attn", "cross_step", "cross-attention"))
+        return call
 
 
 def breakdown(live: dict[str, Translator], src: list[str], beam: int) -> None:
     """At batch 1: wall time per output token (every engine), and for the native engine its time
-    per decoder step split into the model's step (its parts) and the search around it."""
+    per decoder step split into the step's linear layers, the rest of the step (attention,
+    LayerNorms, residuals, the cache) and the search around it."""
     print(
-        "\n| engine | precision | search | ms per output token | steps | model step ms | self-attn | cross-attn "
-        "| FFN | output layer | search bookkeeping ms | encoder ms/sentence |"
+        "\n| engine | precision | search | ms per output token | steps | step ms | of which linear layers "
+        "| rest of the step | search bookkeeping ms | encoder ms/sentence |"
     )
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for row, tr in live.items():
-        model = getattr(tr.engine, "model", None)
-        native = model is not None and hasattr(model, "decoder")
+        stepper = getattr(tr.engine, "stepper", None)
+        native = isinstance(stepper, FastDecoder)
         for search, b in ((f"beam {beam}", beam), ("greedy", 1)):
             tr.config.decode.batch_size = 1
-            clock, wrapped = Clock(), []
+            clock = Clock()
             if native:
-                targets = [(model, "encode", "encode"), (model, "decode_step", "step"), (model, "_logits", "logits")]
-                for layer in model.decoder.layers:
-                    targets += [(getattr(layer, attr), meth, label) for attr, meth, label in PARTS]
-                    targets.append((layer.ffn, "forward", "ffn"))
-                for obj, name, label in targets:
-                    clock.wrap(obj, name, label)
-                    wrapped.append((obj, name))
+                saved = stepper.layers, stepper.logits
+                timed = functools.partial(clock.timed, label="linear")
+                stepper.layers = [
+                    dataclasses.replace(w, **{k: timed(getattr(w, k)) for k in LINEARS}) for w in saved[0]
+                ]
+                stepper.logits = timed(stepper.logits)
+                clock.wrap(stepper, "encode_by_length", "encode")
+                clock.wrap(stepper, "decode_step", "step")
             start = time.perf_counter()
             hyps = tr.translate(src, beam=b)
             total = time.perf_counter() - start
-            for obj, name in wrapped:
-                clock.unwrap(obj, name)
+            if native:
+                stepper.layers, stepper.logits = saved
+                clock.unwrap(stepper, "encode_by_length")
+                clock.unwrap(stepper, "decode_step")
             tokens = sum(len(tr.tgt_tok.encode(h)) + 1 for h in hyps)
-            cells = [row.split(":")[0], tr.precision, search, f"{1e3 * total / tokens:.3f}"]
+            cells = [row.split(":")[0], precision_of(tr), search, f"{1e3 * total / tokens:.3f}"]
             if native:
                 steps, sec = clock.calls["step"], clock.seconds
-                ms = [1e3 * sec[k] / steps for k in ("step", "self-attention", "cross-attention", "ffn", "logits")]
+                ms = [1e3 * sec[k] / steps for k in ("step", "linear")]
                 rest = 1e3 * (total - sec["encode"] - sec["step"]) / steps
-                cells += [str(steps), *(f"{m:.3f}" for m in ms), f"{rest:.3f}", f"{1e3 * sec['encode'] / len(src):.2f}"]
-            print("| " + " | ".join(cells + [""] * (12 - len(cells))) + " |", flush=True)
+                cells += [str(steps), *(f"{m:.3f}" for m in ms), f"{ms[0] - ms[1]:.3f}", f"{rest:.3f}"]
+                cells.append(f"{1e3 * sec['encode'] / len(src):.2f}")
+            print("| " + " | ".join(cells + [""] * (10 - len(cells))) + " |", flush=True)
+
+
+LINEARS = ("qkv", "self_out", "q", "cross_out", "fc1", "fc2")  # FastDecoder's bound linear layers
 
 
 def cli_latency(args: argparse.Namespace) -> None:

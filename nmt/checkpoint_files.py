@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from nmt.config import Config, ConfigError, config_from_dict
+from nmt.config import YAML_LOADER, Config, ConfigError, config_from_dict
 from nmt.errors import NmtError
 
 STEP_RE = re.compile(r"^step_(\d+)\.safetensors$")
@@ -140,7 +140,7 @@ def read_config(path: Path) -> Config:
     if "config" not in meta:
         raise NmtError(f"{path}: checkpoint has no config in its metadata (not written by nmt)")
     try:
-        return config_from_dict(yaml.safe_load(meta["config"]) or {}, source=f"{path}:config")
+        return config_from_dict(yaml.load(meta["config"], Loader=YAML_LOADER) or {}, source=f"{path}:config")
     except (yaml.YAMLError, ConfigError) as e:
         raise NmtError(f"{path}: stored config is invalid ({e})") from None
 

@@ -21,6 +21,9 @@ import yaml
 from nmt.errors import NmtError
 from nmt.files import atomic_write_text
 
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's safe loader where built: the same
+# documents as yaml.safe_load, parsed in C (config reading is on the start-up path of every command)
+
 
 class ConfigError(NmtError):
     """A config file or override that cannot be used."""
@@ -179,7 +182,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=YAML_LOADER) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
@@ -214,7 +217,7 @@ def apply_override(raw: dict, item: str, source: str = "--set") -> None:
             raise ConfigError(f"{source} {dotted}: {where!r} in the file is not a mapping")
         node[name] = node = sub
     try:
-        node[parts[-1]] = yaml.safe_load(value) if value != "" else ""
+        node[parts[-1]] = yaml.load(value, Loader=YAML_LOADER) if value != "" else ""
     except yaml.YAMLError:
         node[parts[-1]] = value
 

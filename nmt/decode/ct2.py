@@ -61,7 +61,7 @@ import yaml
 
 import nmt
 from nmt import BOS_ID, EOS_ID, PAD_ID
-from nmt.config import Config, DecodeConfig, config_from_dict, config_to_dict, load_config
+from nmt.config import YAML_LOADER, Config, DecodeConfig, config_from_dict, config_to_dict, load_config
 from nmt.decode.options import Sampling, cpu_threads
 from nmt.errors import NmtError
 
@@ -129,7 +129,7 @@ def _resolve_source(run_dir: Path, checkpoint: Path | None, config: Config | Non
     meta = read_metadata(path)
     if "config" not in meta:
         raise NmtError(f"{path}: checkpoint has no config in its metadata (not written by nmt)")
-    stored = config_from_dict(yaml.safe_load(meta["config"]) or {}, source=f"{path}:config")
+    stored = config_from_dict(yaml.load(meta["config"], Loader=YAML_LOADER) or {}, source=f"{path}:config")
     if config is None:
         config = load_config(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else stored
     config = dataclasses.replace(config, model=dataclasses.replace(stored.model))

@@ -125,13 +125,14 @@ def load_ensemble(
 
 
 def load_model(config: Config, src_vocab: int, tgt_vocab: int, path: Path) -> torch.nn.Module:
-    """The Transformer of `config` with the weights read from `path`. (Built on the meta device
-    instead, it would skip the random initialisation, but the meta-device mode imports
-    torch._dynamo: seconds of start-up, measured.)"""
+    """The Transformer of `config` with the weights read from `path`, built without the random
+    initialisation that the checkpoint overwrites (`without_initialisation`; the strict
+    `load_state_dict` below fails if any parameter is missing from the checkpoint)."""
     from nmt.checkpoint import load_weights
-    from nmt.model.transformer import build_model
+    from nmt.model.transformer import build_model, without_initialisation
 
-    model = build_model(config, src_vocab, tgt_vocab)
+    with without_initialisation():
+        model = build_model(config, src_vocab, tgt_vocab)
     state, _ = load_weights(path)
     try:
         model.load_state_dict(state)

@@ -386,3 +386,27 @@ def test_split_projections_keeps_outputs_and_exposes_linear_layers():
     with torch.no_grad():
         state = quantised.start_decoding(quantised.encode(src))
         assert torch.isfinite(quantised.decode_step(tgt[:, 0], state)).all()
+
+
+def test_a_model_built_to_be_loaded_skips_its_random_initialisation(monkeypatch):
+    """`without_initialisation`: torch.nn.init's fills do nothing inside (the checkpoint overwrites
+    every parameter), and everything is restored after, even when the build raises."""
+    from nmt.model.transformer import INIT_FUNCTIONS, without_initialisation
+
+    calls = []
+    monkeypatch.setattr(torch.nn.init, "xavier_uniform_", lambda t, *a, **k: calls.append(t.shape) or t)
+    cfg = ModelConfig(d_model=16, heads=2, encoder_layers=1, decoder_layers=1, ffn_dim=32)
+    Transformer(cfg, 20, 20)
+    assert calls  # built normally: initialised
+    calls.clear()
+    patched = torch.nn.init.xavier_uniform_
+    with without_initialisation():
+        model = Transformer(cfg, 20, 20)
+    assert not calls and torch.nn.init.xavier_uniform_ is patched
+    reference = Transformer(cfg, 20, 20).state_dict()
+    model.load_state_dict(reference)  # strict: every parameter comes from the checkpoint
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in reference.items())
+    before = {name: getattr(torch.nn.init, name) for name in INIT_FUNCTIONS}
+    with pytest.raises(RuntimeError), without_initialisation():
+        raise RuntimeError("a build that fails")
+    assert {name: getattr(torch.nn.init, name) for name in INIT_FUNCTIONS} == before

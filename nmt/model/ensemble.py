@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -43,6 +44,7 @@ class Ensemble(nn.Module):
         if not models:
             raise ValueError("an ensemble needs at least one model")
         self.members = nn.ModuleList(models)
+        self.steppers: list[Any] = list(models)  # whose decode_step runs: the members, or their FastDecoders
         self.cfg = models[0].cfg  # the first member's shape: what a precision probe is sized by
         self.max_positions = min(m.max_positions for m in models)
 
@@ -61,7 +63,7 @@ class Ensemble(nn.Module):
     def decode_step(self, tokens: Tensor, state: EnsembleState) -> Tensor:
         """tokens (R,) → (R, V) the members' mean log-probabilities (fp32)."""
         total = None
-        for member, member_state in zip(self.members, state.states, strict=True):
+        for member, member_state in zip(self.steppers, state.states, strict=True):
             lp = torch.log_softmax(member.decode_step(tokens, member_state).float(), dim=-1)  # (R, V)
             total = lp if total is None else total + lp
         return total / len(self.members)

@@ -15,8 +15,8 @@ with everything that does not change between steps looked up once, when it is bu
 
 So its logits are the reference's bit for bit (tests/model/test_fast_decoder.py), and greedy and
 beam search find the same tokens with the same scores. It decodes pre-norm models (every shipped
-config); `fast_decoder` returns the model itself for the others and for anything that is not a
-`Transformer` (an ensemble, a test's stand-in). It is built after the model is converted for
+config); `fast_decoder` gives an ensemble's members theirs and returns the model itself for
+post-norm models and for anything else (a test's stand-in). It is built after the model is converted for
 decoding (`nmt.device.decoding_model`) and holds no weights of its own.
 """
 
@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.errors import NmtError
+from nmt.model.ensemble import Ensemble
 from nmt.model.kv_cache import DecoderState
 from nmt.model.transformer import EncoderOut, Transformer
 
@@ -51,7 +52,11 @@ class _Layer:
 
 
 def fast_decoder(model: Any) -> Any:
-    """A `FastDecoder` for a pre-norm `Transformer` in eval mode, else `model` itself."""
+    """A `FastDecoder` for a pre-norm `Transformer` in eval mode; an `Ensemble` whose members step
+    through theirs (the same ensemble, `steppers` set); else `model` itself."""
+    if isinstance(model, Ensemble):
+        model.steppers = [fast_decoder(member) for member in model.members]
+        return model
     if isinstance(model, Transformer) and model.cfg.norm == "pre" and not model.training:
         return FastDecoder(model)
     return model

@@ -112,6 +112,20 @@ def test_searches_find_the_same_tokens_and_scores():
         ]
 
 
+def test_an_ensemble_steps_through_its_members_fast_decoders_with_the_same_result():
+    from nmt.model.ensemble import Ensemble
+
+    members = [_converted(_model(seed=s), "fp32") for s in (1, 2)]
+    plain, fast = Ensemble(members), fast_decoder(Ensemble(members))
+    assert all(isinstance(m, FastDecoder) for m in fast.steppers) and not any(
+        isinstance(m, FastDecoder) for m in plain.steppers
+    )
+    src = _sources(3, seed=7)
+    got, want = (beam_search(m, src, beam=3, nbest=2) for m in (fast, plain))
+    assert [[(h.tokens, h.score) for h in row] for row in got] == [[(h.tokens, h.score) for h in row] for row in want]
+    assert greedy_search(fast, src) == greedy_search(plain, src)
+
+
 def test_only_pre_norm_transformers_in_eval_mode_get_one():
     assert isinstance(fast_decoder(_model()), FastDecoder)
     post = _model(norm="post")

@@ -30,11 +30,14 @@ from collections.abc import Iterator
 
 import torch
 
-from nmt import host
+from nmt import BOS_ID, EOS_ID, host
+from nmt.config import ModelConfig
 from nmt.decode.options import ALONE_ROWS, BATCH_ROWS, available_cores
 from nmt.errors import NmtError
 from nmt.host import best_time, probe
 from nmt.model.convert import INT8_KERNELS, inference_model, int8_kernels
+from nmt.model.fast_decoder import fast_decoder
+from nmt.model.transformer import Transformer
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 INFERENCE_PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
@@ -143,62 +146,74 @@ def _why_not(precision: str) -> str:
 
 
 def decode_times(shape: tuple[int, int], rows: int = BATCH_ROWS) -> dict[str, float]:
-    """Seconds per call of a chain of FFNs of the model's d_model × ffn_dim `shape` (`_ffn`) on
-    `rows` rows, for each precision this host runs, converted as decoding converts it; measured
-    once per machine (`nmt.host.probe`). The fastest precision differs with the rows: one row
-    streams every weight for one matrix-vector product (bytes per weight decide), 64 rows are
-    matrix products (the kernel's arithmetic decides)."""
+    """Seconds to encode a batch of `rows` sources and decode `PROBE_STEPS` steps with a small
+    Transformer of the model's d_model × ffn_dim `shape` (`_probe_model`), for each precision this
+    host runs, converted and driven as the native engine converts and drives a model; measured
+    once per machine (`nmt.host.probe`). The fastest precision differs with the rows: at one row a
+    step streams every weight for matrix-vector products (bytes per weight and per-call work
+    decide), at 64 rows it multiplies matrices (the kernels' arithmetic decides)."""
     d_model, ffn_dim = shape
-    key = f"cpu-decode-times {d_model}x{ffn_dim} rows {rows} x{PROBE_COPIES}"
-    return dict(probe(key, lambda: _time_precisions(d_model, ffn_dim, rows)))
+    key = f"cpu-decode-times {d_model}x{ffn_dim} rows {rows} decoder"
+    notice = f"timing the decoding precisions of a {d_model}x{ffn_dim} model on {rows}-row steps"
+    return dict(probe(key, lambda: _time_precisions(d_model, ffn_dim, rows), notice))
 
 
 def _time_precisions(d_model: int, ffn_dim: int, rows: int) -> dict[str, float]:
     times = {}
     for precision in cpu_precisions():
         kernel = fastest_int8_kernel((d_model, ffn_dim), rows) if precision == "int8" else ""
-        model = inference_model(_ffn(d_model, ffn_dim), torch.device("cpu"), precision, kernel)
-        x = torch.randn(rows, d_model, dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
-        times[precision] = _step_time(model, x)
+        model = inference_model(_probe_model(d_model, ffn_dim), _CPU, precision, kernel)
+        times[precision] = _step_time(model, rows)
     return times
 
 
-def _step_time(model: torch.nn.Module, x: torch.Tensor) -> float:
-    with torch.no_grad():
-        return best_time(lambda: model(x), repeats=3, inner=1)
-
-
 def fastest_int8_kernel(shape: tuple[int, int], rows: int = BATCH_ROWS) -> str:
-    """The int8 kernel that runs a chain of FFNs of `shape` on `rows` rows fastest on this host,
-    measured once per machine; '' where none runs."""
+    """The int8 kernel that decodes fastest on this host with a small Transformer of `shape` on
+    `rows` rows (as `decode_times` times precisions), measured once per machine; '' where none runs."""
     kernels = int8_kernels()
     if len(kernels) < 2:
         return "".join(kernels)
     d_model, ffn_dim = shape
 
     def measure() -> str:
-        x = torch.randn(rows, d_model)
-        times = {k: _step_time(inference_model(_ffn(d_model, ffn_dim), _CPU, "int8", k), x) for k in kernels}
+        models = {k: inference_model(_probe_model(d_model, ffn_dim), _CPU, "int8", k) for k in kernels}
+        times = {k: _step_time(m, rows) for k, m in models.items()}
         return min(times, key=lambda k: times[k])
 
-    return str(probe(f"cpu-int8-kernel {d_model}x{ffn_dim} rows {rows} x{PROBE_COPIES}", measure))
+    return str(probe(f"cpu-int8-kernel {d_model}x{ffn_dim} rows {rows} decoder", measure))
 
 
 _CPU = torch.device("cpu")
+PROBE_LAYERS, PROBE_VOCAB, PROBE_STEPS, PROBE_SOURCE = 3, 8000, 4, 10  # configs/small.yaml's depth
 
 
-PROBE_COPIES = 8  # FFNs chained in a probe: about one decoding step's weights for the shipped configs
-
-
-def _ffn(d_model: int, ffn_dim: int) -> torch.nn.Module:
-    """`PROBE_COPIES` d_model × ffn_dim FFNs in a chain: like a decoding step, a call streams about
-    a model's worth of weights (configs/small.yaml: 16 MB of fp32 here against 15 MB per step),
-    so that the probe sees what memory traffic costs each precision, not only a cache-hot FFN."""
+def _probe_model(d_model: int, ffn_dim: int) -> torch.nn.Module:
+    """A seeded random pre-norm Transformer of `d_model` × `ffn_dim` with `PROBE_LAYERS` decoder
+    layers and a `PROBE_VOCAB` vocabulary: what a decoding step reads and computes, per layer and
+    in the output projection, for the shipped configs."""
+    heads = next(h for h in (d_model // 64, 4, 2, 1) if h >= 1 and d_model % h == 0)
+    cfg = ModelConfig(
+        d_model=d_model, heads=heads, encoder_layers=1, decoder_layers=PROBE_LAYERS, ffn_dim=ffn_dim, dropout=0.0
+    )
     torch.manual_seed(0)
-    layers: list[torch.nn.Module] = []
-    for _ in range(PROBE_COPIES):
-        layers += [torch.nn.Linear(d_model, ffn_dim), torch.nn.ReLU(), torch.nn.Linear(ffn_dim, d_model)]
-    return torch.nn.Sequential(*layers)
+    return Transformer(cfg, PROBE_VOCAB, PROBE_VOCAB).eval()
+
+
+def _step_time(model: torch.nn.Module, rows: int) -> float:
+    """Seconds to encode `rows` seeded sources of `PROBE_SOURCE` tokens and take `PROBE_STEPS`
+    greedy steps through `fast_decoder(model)` (the best of two, after a warm-up)."""
+    stepper = fast_decoder(model)
+    src = torch.randint(4, PROBE_VOCAB, (rows, PROBE_SOURCE), generator=torch.Generator().manual_seed(0))
+    src[:, -1] = EOS_ID
+
+    def run() -> None:
+        state = stepper.start_decoding(stepper.encode(src))
+        tokens = torch.full((rows,), BOS_ID)
+        for _ in range(PROBE_STEPS):
+            tokens = stepper.decode_step(tokens, state).argmax(-1)
+
+    with torch.inference_mode():
+        return best_time(run, repeats=2, inner=1)
 
 
 def decoding_model(

@@ -38,6 +38,7 @@ import functools
 import json
 import os
 import platform
+import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -246,11 +247,12 @@ def _probe_file() -> Path:
 _PROBES: dict[str, object] = {}
 
 
-def probe(name: str, measure: Callable[[], object]) -> object:
+def probe(name: str, measure: Callable[[], object], notice: str = "") -> object:
     """The result of `measure()` for this machine (JSON-serialisable), measured once: cached per
     process and on disk under a key of `name`, the host's fingerprint (CPU and the kernels that
     run), the torch version and the threads. Two hosts of one CPU name with different kernels
-    (a VM that hides AVX-512, a simulated host) never share a measurement."""
+    (a VM that hides AVX-512, a simulated host) never share a measurement. `notice`: a line for
+    stderr when it is measured (a probe that takes seconds says why the command pauses)."""
     key = f"{name} | {current().fingerprint} | torch {torch.__version__} | {torch.get_num_threads()} threads"
     if key in _PROBES:
         return _PROBES[key]
@@ -262,6 +264,8 @@ def probe(name: str, measure: Callable[[], object]) -> object:
     if key in stored:
         _PROBES[key] = stored[key]
         return stored[key]
+    if notice:
+        print(f"{notice} (once for this machine; cached in {path})", file=sys.stderr)
     with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
         _PROBES[key] = measure()
     with contextlib.suppress(OSError, ValueError):  # re-read: `measure` may have stored probes of its own

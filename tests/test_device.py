@@ -143,8 +143,10 @@ def test_an_explicit_precision_far_slower_than_fp32_says_so_once(probe_dir, monk
     assert device.resolve_inference_precision(cpu, "bf16", (8, 16)) == "bf16"
     assert device.resolve_inference_precision(cpu, "bf16", (8, 16)) == "bf16"
     assert device.resolve_inference_precision(cpu, "fp32", (8, 16)) == "fp32"
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "bf16 runs 30.0x slower than fp32" in err and "int8 is the fastest" in err
+    lines = capsys.readouterr().err.splitlines()
+    warnings = [line for line in lines if not line.startswith("timing the decoding precisions")]  # the probe's notice
+    assert len(warnings) == 1 and "bf16 runs 30.0x slower than fp32" in warnings[0]
+    assert "int8 is the fastest" in warnings[0]
 
 
 INT8_LAYER_KERNELS = ["int8-fbgemm", "int8-qnnpack", "int8-onednn", "int8-weight"]
@@ -223,7 +225,8 @@ def test_probes_are_measured_per_workload_and_nested_probes_are_kept(probe_dir, 
     seen: list[int] = []
     monkeypatch.setattr(device, "int8_kernels", lambda: ["int8-fbgemm", "int8-weight"])
     monkeypatch.setattr(device, "inference_model", lambda model, dev, precision, kernel: kernel)
-    monkeypatch.setattr(device, "_step_time", lambda kernel, x: seen.append(x.size(0)) or fake[kernel, x.size(0)])
+    monkeypatch.setattr(device, "_probe_model", lambda d, f: None)
+    monkeypatch.setattr(device, "_step_time", lambda kernel, rows: seen.append(rows) or fake[kernel, rows])
     assert host.probe("outer", lambda: device.fastest_int8_kernel((8, 16), 1)) == "int8-weight"
     assert device.fastest_int8_kernel((8, 16), device.BATCH_ROWS) == "int8-fbgemm"
     assert seen == [1, 1, 64, 64]
@@ -286,3 +289,26 @@ def test_packing_fuses_relu_into_fc1_with_identical_outputs(activation):
         unfused = {"relu": torch.nn.functional.relu, "gelu": torch.nn.functional.gelu}[activation]
         assert (fused.act is unfused) == (activation == "gelu")  # ReLU left the Python path
         torch.testing.assert_close(fused(x), plain, atol=0, rtol=0)
+
+
+def test_the_probe_times_real_decoding_steps_of_a_model_of_the_shape(probe_dir, capsys):
+    """`_step_time` encodes and decodes through the model's FastDecoder (what the engine runs), and
+    a probe that measures says so in one line on stderr, once."""
+    import nmt.device as device
+    from nmt.model.fast_decoder import FastDecoder
+
+    model = device._probe_model(32, 64)
+    assert model.cfg.d_model == 32 and model.cfg.decoder_layers == device.PROBE_LAYERS
+    steps = []
+    original = FastDecoder.decode_step
+    FastDecoder.decode_step = lambda self, tokens, state: steps.append(tokens.numel()) or original(self, tokens, state)
+    try:
+        assert device._step_time(model, 3) > 0
+    finally:
+        FastDecoder.decode_step = original
+    assert steps and set(steps) == {3} and len(steps) % device.PROBE_STEPS == 0
+    times = device.decode_times((32, 64), 2)
+    assert set(times) == set(device.cpu_precisions()) and all(t > 0 for t in times.values())
+    device.decode_times((32, 64), 2)
+    err = capsys.readouterr().err
+    assert err.count("timing the decoding precisions of a 32x64 model on 2-row steps") == 1

@@ -281,6 +281,28 @@ def test_from_run_in_every_precision(tiny_run_dir, precision):
     assert len(together) == 4 and together == [t.translate([line], beam=2)[0] for line in LINES[:4]]  # batch-invariant
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_the_engines_fast_decoder_translates_as_the_reference_step(tiny_run, precision):
+    """Whole translations (n-best texts with their scores) through the engine's FastDecoder equal
+    those of the reference step (`Transformer.decode_step`), greedy and beam, one sentence at a
+    time and in batches of 3 and 16, with pass-through spans (a URL, numbers, an e-mail)."""
+    from nmt.decode.translator import Translator
+    from nmt.model.fast_decoder import FastDecoder
+
+    t = Translator.from_run(tiny_run, device="cpu", precision=precision, rows=1)
+    assert isinstance(t.engine.stepper, FastDecoder) and t.masker is not None  # spans are masked
+    lines = [*LINES[:5], "访问 https://example.org/a?b=1 或写信给 a.b@example.com。", "2024年有 366 天。"]
+    found = {}
+    for stepper in (t.engine.stepper, t.engine.model):
+        t.engine.stepper = stepper
+        for batch in (1, 3, 16):
+            t.config.decode.batch_size = batch
+            for beam, nbest in ((1, 1), (3, 2)):
+                found.setdefault(id(stepper), []).append(t.translate(lines, beam=beam, nbest=nbest))
+    fast, reference = found.values()
+    assert fast == reference and any("example.org" in line for line in fast[0])
+
+
 def test_a_run_trained_with_flash_translates_and_averages_on_cpu(tiny_run_dir, tmp_path, monkeypatch):
     """A run whose stored configs say `model.attention: flash` (trained on a GPU) on a CPU machine."""
     import shutil

@@ -124,6 +124,15 @@ def load_ensemble(
     return Ensemble(members)
 
 
+def native_model(
+    config: Config, sizes: tuple[int, int], path: Path, run_dir: Path, ensemble: tuple[Path, ...], device_type: str
+) -> torch.nn.Module:
+    """The model at `path` (`sizes`: source and target vocabularies), or the ensemble of it and
+    the checkpoints `ensemble` names."""
+    model = load_model(config, *sizes, path)
+    return load_ensemble(model, run_dir, config, ensemble, device_type) if ensemble else model
+
+
 def load_model(config: Config, src_vocab: int, tgt_vocab: int, path: Path) -> torch.nn.Module:
     """The Transformer of `config` with the weights read from `path`, built without the random
     initialisation that the checkpoint overwrites (`without_initialisation`; the strict

@@ -146,9 +146,8 @@ class Translator:
         else:
             from nmt.decode.engines import NativeEngine
 
-            model = loading.load_model(config, src_tok.vocab_size, tgt_tok.vocab_size, path)
-            if ensemble:
-                model = loading.load_ensemble(model, run_dir, config, ensemble, dev.type)
+            sizes = (src_tok.vocab_size, tgt_tok.vocab_size)
+            model = loading.native_model(config, sizes, path, run_dir, ensemble, dev.type)
             native = NativeEngine(model, config.decode, dev, precision, rows)  # resolves precision 'auto'
             translator = cls(model, src_tok, tgt_tok, config, checkpoint=path, engine=native)
         translator.sampling = sampling

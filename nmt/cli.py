@@ -83,6 +83,13 @@ TemperatureOpt = Annotated[float | None, typer.Option("--temperature", help="Sam
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the sampling draws (same seed, same output).")]
 
 
+class TuneFor(str, enum.Enum):
+    """What the native engine's `--precision auto` and int8 kernel are measured for."""
+
+    sentence = "sentence"  # one sentence at a time: `InferenceOptions.rows` = ALONE_ROWS
+    batch = "batch"  # batches: BATCH_ROWS
+
+
 class LogLevel(str, enum.Enum):
     """uvicorn's log levels (`nmt serve --log-level`); info logs a line per request."""
 
@@ -424,6 +431,14 @@ def serve(
     req_limit: Annotated[
         int, typer.Option("--req-limit", min=0, help="LibreTranslate requests per minute per client (0 = no limit).")
     ] = 0,
+    tune_for: Annotated[
+        TuneFor,
+        typer.Option(
+            "--tune-for",
+            help="Native engine: pick --precision auto and the int8 kernel measured fastest for one sentence "
+            "at a time (few clients) or for batches (heavy load).",
+        ),
+    ] = TuneFor.batch,
 ) -> None:
     """Serve a run over HTTP: JSON API (/translate, /docs), LibreTranslate API, web page at / (needs nmt[serve])."""
     try:
@@ -436,7 +451,8 @@ def serve(
 
     batch = BatchLimits(batch_wait_ms, max_batch, workers)
     limits = ServeLimits(max_sentences, max_chars, max_beam=max_beam, batch=batch)
-    opts = _inference(run, checkpoint, device, precision, engine, beam=beam, rows=ALONE_ROWS)  # requests: few sentences
+    rows = ALONE_ROWS if tune_for is TuneFor.sentence else BATCH_ROWS
+    opts = _inference(run, checkpoint, device, precision, engine, beam=beam, rows=rows)
     access = LibreAccess.load(api_keys, req_limit)  # before loading the model: a bad file fails at once
     run_server(opts, ServeOptions(host, port, limits, log_level.value, access))
 

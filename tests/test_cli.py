@@ -89,6 +89,20 @@ def test_translate_tunes_the_native_engine_for_how_it_decodes(tiny_run, monkeypa
     assert seen == [ALONE_ROWS, BATCH_ROWS] and ALONE_ROWS < BATCH_ROWS
 
 
+def test_serve_is_tuned_for_batches_unless_told_one_sentence_at_a_time(tiny_run, monkeypatch):
+    pytest.importorskip("fastapi")
+    import nmt.serve.app as app_module
+    from nmt.decode.options import ALONE_ROWS, BATCH_ROWS
+
+    seen = []
+    monkeypatch.setattr(app_module, "serve", lambda opts, serve_opts: seen.append(opts.rows))
+    assert invoke("serve", "--run", str(tiny_run)).exit_code == 0
+    assert invoke("serve", "--run", str(tiny_run), "--tune-for", "sentence").exit_code == 0
+    assert seen == [BATCH_ROWS, ALONE_ROWS]
+    bad = runner.invoke(app, ["serve", "--run", str(tiny_run), "--tune-for", "latency"])
+    assert bad.exit_code != 0 and "--tune-for" in bad.output + bad.stderr
+
+
 def test_translate_stdin_keeps_order_and_empty_lines(tiny_run):
     result = invoke("translate", "--run", str(tiny_run), "--beam", "1", input="你好。\n\n我爱你。\n")
     assert result.exit_code == 0, result.stderr

@@ -15,8 +15,8 @@ from pathlib import Path
 from nmt.errors import NmtError
 
 ENGINES = ("native", "ctranslate2", "auto")  # auto: `nmt.decode.loading.choose_engine`
-BATCH_ROWS = 64  # rows of a decoding step in batches (files: eval, backtranslate, translate --input)
-ALONE_ROWS = 1  # a sentence at a time (translate of a few arguments, the server)
+BATCH_ROWS = 64  # rows of a decoding step in batches (eval, backtranslate, translate --input, serve)
+ALONE_ROWS = 1  # a sentence at a time (translate of arguments, serve --tune-for sentence)
 
 
 def available_cores() -> int:

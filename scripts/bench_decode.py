@@ -127,8 +127,8 @@ def load(args: argparse.Namespace, rows: int, reuse: dict[str, Translator | str]
 
 def precision_of(tr: Translator) -> str:
     """The resolved precision, with the int8 kernel the native engine chose."""
-    kernels = {getattr(m, "kernel", None) for m in tr.model.modules()} - {None} if tr.model is not None else set()
-    return tr.precision + (f" ({', '.join(sorted(kernels))})" if kernels else "")
+    described = getattr(tr.engine, "describe", "")
+    return described.removeprefix("native ") if described else tr.precision
 
 
 def measure(tr: Translator, src: list[str], batch: int, beam: int) -> tuple[float, list[str]]:

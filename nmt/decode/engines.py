@@ -51,6 +51,9 @@ class NativeEngine:
         self.model = decoding_model(model, device, self.precision, rows)
         self.stepper = fast_decoder(self.model)  # what the searches drive: the same steps, less overhead
         self.decode, self.device = decode, device
+        modules = self.model.modules() if isinstance(self.model, torch.nn.Module) else ()
+        kernels = {getattr(m, "kernel", "") for m in modules} - {""}  # int8 layers: the kernel they run on
+        self.describe = f"native {self.precision}" + (f" ({', '.join(sorted(kernels))})" if kernels else "")
 
     def search(
         self,

@@ -151,7 +151,11 @@ class Translator:
             native = NativeEngine(model, config.decode, dev, precision, rows)  # resolves precision 'auto'
             translator = cls(model, src_tok, tgt_tok, config, checkpoint=path, engine=native)
         translator.sampling = sampling
-        print(describe_checkpoint(path, choice.reason if choice else "named explicitly") + picked.note, file=sys.stderr)
+        decodes = f"; {translator.engine.describe}" if hasattr(translator.engine, "describe") else ""
+        print(
+            describe_checkpoint(path, choice.reason if choice else "named explicitly") + picked.note + decodes,
+            file=sys.stderr,
+        )
         return translator
 
     @classmethod

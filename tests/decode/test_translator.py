@@ -474,3 +474,15 @@ def test_native_translate_imports_no_compiler_stack(tiny_run_dir):
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
     assert "torch" in imported  # the listing is real
     assert not {m for m in imported if m.startswith("torch._dynamo")}, "the native path imported torch._dynamo"
+
+
+def test_the_loaded_line_says_how_the_native_engine_decodes(tiny_run_dir, capsys):
+    from nmt.decode.translator import Translator
+    from nmt.model.convert import int8_kernels
+
+    Translator.from_run(tiny_run_dir, device="cpu", precision="fp32")
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("; native fp32")
+    if int8_kernels():
+        t = Translator.from_run(tiny_run_dir, device="cpu", precision="int8", rows=1)
+        kernel = next(m.kernel for m in t.model.modules() if hasattr(m, "kernel"))
+        assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"; native int8 ({kernel})")

@@ -226,7 +226,7 @@ def test_probes_are_measured_per_workload_and_nested_probes_are_kept(probe_dir, 
     monkeypatch.setattr(device, "int8_kernels", lambda: ["int8-fbgemm", "int8-weight"])
     monkeypatch.setattr(device, "inference_model", lambda model, dev, precision, kernel: kernel)
     monkeypatch.setattr(device, "_probe_model", lambda d, f: None)
-    monkeypatch.setattr(device, "_step_time", lambda kernel, rows: seen.append(rows) or fake[kernel, rows])
+    monkeypatch.setattr(device, "_step_time", lambda kernel, rows, beat: seen.append(rows) or fake[kernel, rows])
     assert host.probe("outer", lambda: device.fastest_int8_kernel((8, 16), 1)) == "int8-weight"
     assert device.fastest_int8_kernel((8, 16), device.BATCH_ROWS) == "int8-fbgemm"
     assert seen == [1, 1, 64, 64]
@@ -312,3 +312,30 @@ def test_the_probe_times_real_decoding_steps_of_a_model_of_the_shape(probe_dir, 
     device.decode_times((32, 64), 2)
     err = capsys.readouterr().err
     assert err.count("timing the decoding precisions of a 32x64 model on 2-row steps") == 1
+
+
+def test_a_candidate_far_slower_than_the_best_so_far_is_timed_once():
+    import time
+
+    import nmt.device as device
+
+    class Slow:  # a decoding model whose every step takes 2 ms
+        runs = 0
+
+        def encode(self, src):
+            Slow.runs += 1
+            return src
+
+        def start_decoding(self, enc):
+            return None
+
+        def decode_step(self, tokens, state):
+            time.sleep(0.002)
+            return torch.zeros(tokens.numel(), 8)
+
+    assert device._step_time(Slow(), 32) >= device.PROBE_STEPS * 0.002 and Slow.runs == 3  # warm-up + 2
+    Slow.runs = 0
+    assert device._step_time(Slow(), 32, beat=0.001) > device.HOPELESS * 0.001 and Slow.runs == 2  # warm-up + 1
+    Slow.runs = 0
+    device._step_time(Slow(), 2, beat=1.0)  # within reach of the best, few rows: five timed runs after the warm-up
+    assert Slow.runs == 6

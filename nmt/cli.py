@@ -495,7 +495,7 @@ def backtranslate(
 @user_errors
 def doctor() -> None:
     """What this machine runs: the CPU, each hardware-dependent kernel (or why not), and the
-    decoding precisions it offers with their measured speed on a small FFN."""
+    decoding precisions it offers with their measured speed, one sentence at a time and in batches."""
     from nmt.device import describe_host
 
     typer.echo(describe_host())

@@ -246,8 +246,8 @@ def decoding_model(
 
 def describe_host(shape: tuple[int, int] = (256, 1024)) -> str:
     """`nmt doctor`: the host, its kernels (or why each is missing) and the decoding precisions
-    it runs, with their measured time on FFNs of `shape` relative to fp32, for a sentence at a
-    time and for batches."""
+    it runs, with their measured decoding time with a small model of `shape` relative to fp32, for
+    a sentence at a time and for batches."""
     here = host.current()
     lines = [f"CPU: {here.describe()}; torch {torch.__version__}, {torch.get_num_threads()} threads"]
     lines += [f"  {name:<13} {status}" for name, _, status in host.table()]
@@ -256,7 +256,7 @@ def describe_host(shape: tuple[int, int] = (256, 1024)) -> str:
         speeds = ", ".join(f"{p} {times['fp32'] / t:.2f}x" for p, t in times.items())
         best = min(times, key=lambda p: times[p])
         kernel = f"; int8 kernel {fastest_int8_kernel(shape, rows)}" if "int8" in times else ""
-        lines.append(f"decoding {what}, speed vs fp32 ({shape[0]}x{shape[1]} FFNs): {speeds}; auto = {best}{kernel}")
+        lines.append(f"decoding {what}, speed vs fp32 (a {shape[0]}x{shape[1]} model): {speeds}; auto = {best}{kernel}")
     return "\n".join(lines)
 
 

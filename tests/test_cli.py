@@ -230,3 +230,21 @@ def test_eval_with_an_ensemble_and_with_sampling(tiny_run):
     assert invoke(*base, "--sample-topk", "0", "--seed", "3").exit_code == 0
     sampled = json.loads((tiny_run / "eval" / "valid.beam3.sample-k0-p1-t1-s3.json").read_text())
     assert sampled["decode"]["sampling"]["seed"] == 3 and sampled["bleu"] != alone["bleu"]
+
+
+def test_doctor_lists_the_kernels_and_both_workloads_choices(monkeypatch):
+    import nmt.device as device
+    from nmt import host
+
+    times = {device.ALONE_ROWS: {"fp32": 2.0, "int8": 1.0}, device.BATCH_ROWS: {"fp32": 1.0, "int8": 1.25}}
+    monkeypatch.setattr(device, "decode_times", lambda shape, rows: times[rows])
+    monkeypatch.setattr(device, "fastest_int8_kernel", lambda shape, rows: f"kernel-for-{rows}")
+    result = invoke("doctor")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("CPU: ") and all(any(k in line for line in lines) for k in host.KERNELS)
+    alone, batches = lines[-2:]
+    assert alone.startswith("decoding one sentence at a time") and "int8 2.00x" in alone
+    assert alone.endswith("auto = int8; int8 kernel kernel-for-1")
+    assert batches.startswith("decoding batches (64 rows)") and "int8 0.80x" in batches
+    assert batches.endswith("auto = fp32; int8 kernel kernel-for-64")

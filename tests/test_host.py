@@ -159,6 +159,26 @@ def test_translate_on_simulated_hosts(tiny_run, reference, monkeypatch, preset, 
     assert int8.translate(LINES, beam=3) == [int8.translate([line], beam=3)[0] for line in LINES]
 
 
+@pytest.mark.parametrize("preset", [*SIMULATED, "int8-weight", "int8-fbgemm,int8-qnnpack,int8-onednn"])
+def test_one_sentence_at_a_time_on_simulated_hosts(tiny_run, reference, monkeypatch, preset, failing_bf16_packing):
+    """Tuned for one sentence at a time (one-row steps: matrix-vector products where layers are
+    packed, FastDecoder, the weight-only int8 kernel where the host has it) on hosts without some
+    kernels — without the weight-only one, or with it as the only int8 kernel: the fp32
+    translations are the batch's, int8 runs on a kernel the host has, no traceback."""
+    from nmt.decode.options import ALONE_ROWS
+    from nmt.decode.translator import Translator
+
+    here = simulate(monkeypatch, preset)
+    fp32 = Translator.from_run(tiny_run, device="cpu", precision="fp32", rows=ALONE_ROWS)
+    assert [fp32.translate([line], beam=1)[0] for line in LINES] == fp32.translate(LINES, beam=1)
+    assert fp32.translate(LINES, beam=3) == reference
+    int8 = Translator.from_run(tiny_run, device="cpu", precision="int8", rows=ALONE_ROWS)
+    kernels = {m.kernel for m in int8.model.modules() if hasattr(m, "kernel")}
+    assert len(kernels) == 1 and here.has(kernels.pop())
+    out = [int8.translate([line], beam=3)[0] for line in LINES]
+    assert out == int8.translate(LINES, beam=3) and all(out)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", [*SIMULATED, "matmul-bf16"])
 def test_training_on_simulated_hosts_logs_mfu_and_settles_every_update(

@@ -247,10 +247,15 @@ def decoding_model(
 ) -> torch.nn.Module:
     """`model` converted for decoding in the resolved `precision`, with the int8 kernel measured
     fastest here for its shape on steps of `rows` rows."""
-    cfg = getattr(model, "cfg", None)
-    shape = (cfg.d_model, cfg.ffn_dim) if cfg is not None else (512, 2048)
-    kernel = fastest_int8_kernel(shape, rows) if precision == "int8" else ""
+    kernel = fastest_int8_kernel(model_shape(model), rows) if precision == "int8" else ""
     return inference_model(model, device, precision, kernel)
+
+
+def model_shape(model: object) -> tuple[int, int]:
+    """(d_model, ffn_dim) of `model` (a Transformer or an ensemble: its `cfg`), what the probes are
+    sized by; a duck-typed model without a config gets a base-sized (512, 2048)."""
+    cfg = getattr(model, "cfg", None)
+    return (cfg.d_model, cfg.ffn_dim) if cfg is not None else (512, 2048)
 
 
 def describe_host(shape: tuple[int, int] = (256, 1024)) -> str:

@@ -22,7 +22,7 @@ from nmt.contracts import Found, OnDone
 from nmt.data.batching import pad_sources
 from nmt.decode.options import BATCH_ROWS, Sampling
 from nmt.decode.search import Hypothesis, beam_search, greedy_search
-from nmt.device import decoding_model, resolve_inference_precision
+from nmt.device import decoding_model, model_shape, resolve_inference_precision
 from nmt.model.fast_decoder import fast_decoder
 
 
@@ -45,9 +45,7 @@ class NativeEngine:
         rows: int = BATCH_ROWS,
     ) -> None:
         device = torch.device(device)
-        cfg = getattr(model, "cfg", None)
-        shape = (cfg.d_model, cfg.ffn_dim) if cfg is not None else (512, 2048)
-        self.precision = resolve_inference_precision(device, precision, shape, rows)
+        self.precision = resolve_inference_precision(device, precision, model_shape(model), rows)
         self.model = decoding_model(model, device, self.precision, rows)
         self.stepper = fast_decoder(self.model)  # what the searches drive: the same steps, less overhead
         self.decode, self.device = decode, device

@@ -116,23 +116,11 @@ class DecoderLayer(nn.Module):
 
     def step(self, x: Tensor, state: DecoderState, i: int) -> Tensor:
         """x (R, 1, D) → (R, 1, D); writes this token's self-attention K/V into layer i's cache.
-
-        Pre-norm runs the blocks' operations directly (the same kernels in the same order as
-        `Sublayer`, so the same numbers: a sum is exact in either order), adding each residual
-        in place into the sublayer's fresh output: a step of a sentence decoded alone is mostly
-        per-call overhead, and this saves a module call, a closure and a tensor per block."""
-        if not self.self_block.pre_norm:
-            x = self.self_block(x, lambda h: self.self_attn.self_step(h, state.self_kv, i, state.step))
-            x = self.cross_block(x, lambda h: self.cross_attn.cross_step(h, state, i))
-            return self.ffn_block(x, self.ffn)
-        x = self.self_attn.self_step(_norm(self.self_block.norm, x), state.self_kv, i, state.step).add_(x)
-        x = self.cross_attn.cross_step(_norm(self.cross_block.norm, x), state, i).add_(x)
-        return self.ffn.forward(_norm(self.ffn_block.norm, x)).add_(x)  # (R, 1, D)
-
-
-def _norm(norm: nn.LayerNorm, x: Tensor) -> Tensor:
-    """`norm(x)` without the module call (`nn.LayerNorm.forward`'s own call)."""
-    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+        The reference step, written plainly; `nmt.model.fast_decoder` runs the same operations
+        with the per-call overhead hoisted."""
+        x = self.self_block(x, lambda h: self.self_attn.self_step(h, state.self_kv, i, state.step))
+        x = self.cross_block(x, lambda h: self.cross_attn.cross_step(h, state, i))
+        return self.ffn_block(x, self.ffn)
 
 
 class Stack(nn.Module):

@@ -118,28 +118,6 @@ def test_incremental_decoding_matches_teacher_forcing(backend):
             torch.testing.assert_close(steps[real], full[rows][real], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("norm", ["pre", "post"])
-def test_the_direct_decoder_step_computes_exactly_what_the_sublayers_compute(norm, monkeypatch):
-    """`DecoderLayer.step` (pre-norm: the blocks' operations called directly, residuals added in
-    place) against the same step through the `Sublayer` modules: bit for bit."""
-    from nmt.model import transformer
-
-    def via_sublayers(layer, x, state, i):
-        x = layer.self_block(x, lambda h: layer.self_attn.self_step(h, state.self_kv, i, state.step))
-        x = layer.cross_block(x, lambda h: layer.cross_attn.cross_step(h, state, i))
-        return layer.ffn_block(x, layer.ffn)
-
-    model = make_model(norm=norm)
-    src, tgt = batch(B=3, T=6)
-    runs = []
-    for step in (transformer.DecoderLayer.step, via_sublayers):
-        monkeypatch.setattr(transformer.DecoderLayer, "step", step)
-        with torch.no_grad():
-            state = model.start_decoding(model.encode(src))
-            runs.append(torch.stack([model.decode_step(tgt[:, t], state) for t in range(tgt.size(1))]))
-    torch.testing.assert_close(runs[0], runs[1], atol=0, rtol=0)
-
-
 def test_reorder_can_drop_rows_and_advances_positions():
     model = make_model()
     src, _ = batch(B=3)

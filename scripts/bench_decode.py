@@ -24,6 +24,7 @@ import argparse
 import collections
 import dataclasses
 import functools
+import os
 import random
 import statistics
 import subprocess
@@ -269,8 +270,12 @@ LINEARS = ("qkv", "self_out", "q", "cross_out", "fc1", "fc2")  # FastDecoder's b
 
 
 def cli_latency(args: argparse.Namespace) -> None:
-    """Process start to output of `nmt translate "我爱 AI"`, p50 over interleaved repetitions."""
+    """Process start to output of `nmt translate "我爱 AI"`, p50 over interleaved repetitions. With
+    compiled bytecode, as after an install: PYTHONDONTWRITEBYTECODE is dropped from the commands'
+    environment, so the warm-up run writes nmt's `__pycache__` (with it set, every run recompiles
+    nmt's sources, ~0.1 s here)."""
     py, text = sys.executable, "我爱 AI"
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
     nmt = [py, "-m", "nmt", "translate", "--run", str(args.run), text]
     commands = {
         "python -c pass": [py, "-c", "pass"],
@@ -281,12 +286,12 @@ def cli_latency(args: argparse.Namespace) -> None:
         "nmt translate --engine native --precision fp32": [*nmt, "--engine", "native", "--precision", "fp32"],
     }
     for cmd in commands.values():  # warm the page cache and nmt's probe cache once
-        subprocess.run(cmd, capture_output=True, check=True)
+        subprocess.run(cmd, capture_output=True, check=True, env=env)
     times: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(args.cli_repeats):
         for name, cmd in commands.items():
             start = time.perf_counter()
-            subprocess.run(cmd, capture_output=True, check=True)
+            subprocess.run(cmd, capture_output=True, check=True, env=env)
             times[name].append(time.perf_counter() - start)
     p50 = {name: statistics.median(t) for name, t in times.items()}
     torch_import = p50['python -c "import torch"']

@@ -34,6 +34,22 @@ def test_help_shows_extras_in_brackets_verbatim():
     assert "nmt[serve]" in " ".join(invoke("serve", "--help").output.split())
 
 
+def test_main_collects_young_objects_less_often(monkeypatch):
+    """`nmt` raises the collector's young-generation threshold before the command runs (start-up:
+    PyTorch's import leaves objects the default thresholds make it walk again and again)."""
+    import gc
+
+    import nmt.cli
+
+    before, seen = gc.get_threshold(), []
+    monkeypatch.setattr(nmt.cli, "app", lambda: seen.append(gc.get_threshold()))
+    try:
+        nmt.cli.main()
+    finally:
+        gc.set_threshold(*before)
+    assert seen[0][0] == nmt.cli.GC_GEN0 > before[0] and seen[0][1:] == before[1:]
+
+
 @pytest.mark.parametrize(
     ("yaml_text", "expected"),
     [

@@ -271,6 +271,7 @@ def test_translate_with_ctranslate2_never_imports_torch(trained_run, engine):
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
     assert "ctranslate2" in imported and "sentencepiece" in imported  # the listing is real
     assert not {m for m in imported if m == "torch" or m.startswith("torch.")}, "the ctranslate2 path imported torch"
+    assert "pydantic" not in imported, "typer >= 0.29 imports pydantic on every command (pyproject.toml pins below)"
     expected = Translator.from_run(trained_run, engine="ctranslate2", precision="fp32").translate(src)
     assert done.stdout.splitlines() == expected
 

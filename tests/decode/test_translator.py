@@ -474,6 +474,7 @@ def test_native_translate_imports_no_compiler_stack(tiny_run_dir):
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
     assert "torch" in imported  # the listing is real
     assert not {m for m in imported if m.startswith("torch._dynamo")}, "the native path imported torch._dynamo"
+    assert "pydantic" not in imported, "typer >= 0.29 imports pydantic on every command (pyproject.toml pins below)"
 
 
 def test_the_loaded_line_says_how_the_native_engine_decodes(tiny_run_dir, capsys):

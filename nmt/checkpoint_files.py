@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from nmt.config import YAML_LOADER, Config, ConfigError, config_from_dict
-from nmt.errors import NmtError
+from nmt.config import YAML_LOADER, Config, config_from_dict
+from nmt.errors import ConfigError, NmtError
 
 STEP_RE = re.compile(r"^step_(\d+)\.safetensors$")
 STATE_RE = re.compile(r"^step_(\d+)\.state\.pt$")

@@ -7,3 +7,7 @@ non-zero exit; anything else is a bug and keeps its traceback.
 
 class NmtError(Exception):
     """A user-facing error: bad input, bad config, missing files. Message is one line."""
+
+
+class ConfigError(NmtError):
+    """A config file or override that cannot be used."""

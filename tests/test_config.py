@@ -2,15 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from nmt.config import (
-    Config,
-    ConfigError,
-    config_from_dict,
-    config_to_dict,
-    load_config,
-    parse_duration,
-    save_config,
-)
+from nmt.config import Config, config_from_dict, config_to_dict, load_config, save_config
+from nmt.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,13 +114,6 @@ def test_round_trip(tmp_path):
     assert isinstance(config_from_dict({}), Config)
 
 
-@pytest.mark.parametrize(
-    ("text", "seconds"), [("", 0.0), ("20m", 1200.0), ("1h30m", 5400.0), ("90s", 90.0), ("45", 45.0)]
-)
-def test_parse_duration(text, seconds):
-    assert parse_duration(text) == seconds
-
-
 def test_bad_duration(tmp_path):
     with pytest.raises(ConfigError, match=r"train\.max_time: cannot parse duration"):
         load_config(write(tmp_path, "train:\n  max_time: soon\n"))
@@ -184,7 +170,8 @@ def test_float_in_exponent_form_without_a_dot(tmp_path):
 
 
 def test_direction_sets_both_sides_and_old_language_keys_still_load(tmp_path):
-    from nmt.config import ConfigError, config_to_dict, load_config
+    from nmt.config import config_to_dict, load_config
+    from nmt.errors import ConfigError
 
     root = Path(__file__).resolve().parents[1]
     zh_en = load_config(root / "configs" / "tiny.yaml")

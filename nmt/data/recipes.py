@@ -11,7 +11,7 @@ import hashlib
 import warnings
 from dataclasses import dataclass
 
-from nmt.config import suggest
+from nmt.config_values import suggest
 from nmt.errors import NmtError
 
 

@@ -16,7 +16,8 @@ import time
 
 import torch
 
-from nmt.config import Config, parse_duration
+from nmt.config import Config
+from nmt.config_values import parse_duration
 from nmt.errors import NmtError
 from nmt.train.distributed import broadcast
 from nmt.train.update import TrainState

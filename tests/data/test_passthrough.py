@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nmt.config import PASSTHROUGH_KINDS, ConfigError, DataConfig, config_from_dict
+from nmt.config import PASSTHROUGH_KINDS, DataConfig, config_from_dict
 from nmt.data.normalize import normalize_source
 from nmt.data.passthrough import (
     CLOSE,
@@ -21,6 +21,7 @@ from nmt.data.passthrough import (
     passthrough_score,
     restore,
 )
+from nmt.errors import ConfigError
 
 ALL = Detector(PASSTHROUGH_KINDS)
 

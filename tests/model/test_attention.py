@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from nmt import PAD_ID
-from nmt.config import ConfigError, ModelConfig, TrainConfig
+from nmt.config import ModelConfig, TrainConfig
 from nmt.data.batching import collate
+from nmt.errors import ConfigError
 from nmt.model import attention
 from nmt.model.attention import MultiHeadAttention, dense_mask, flash_attention, math_attention, resolve_backend
 from nmt.model.masks import causal_mask, lengths_to_padding_mask, packing_from_lengths

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from nmt import PAD_ID
-from nmt.config import ConfigError, ModelConfig, config_from_dict, load_config
-from nmt.errors import NmtError
+from nmt.config import ModelConfig, config_from_dict, load_config
+from nmt.errors import ConfigError, NmtError
 from nmt.model.attention import resolve_backend
 from nmt.model.kv_cache import INITIAL_ROOM
 from nmt.model.transformer import Transformer, analytic_parameter_count, build_model, model_summary

@@ -151,10 +151,10 @@ def export_stage(run_dir: Path) -> str:
     """The CTranslate2 export of the final checkpoint (reused while current), so that `nmt
     translate` (`--engine auto`) starts without PyTorch; skipped without the ctranslate2 package
     or for a model CTranslate2 cannot express (the reason is printed)."""
-    from nmt.decode.ct2 import ExportOptions, ctranslate2, export_run, fresh_export
+    from nmt.decode.ct2_export import ExportOptions, export_run, fresh_export, installed
 
     final = run_dir / "checkpoints" / "final.safetensors"
-    if ctranslate2 is None or fresh_export(run_dir, final) is not None:
+    if not installed() or fresh_export(run_dir, final) is not None:
         return "skipped"
     try:
         export_run(ExportOptions(run_dir, checkpoint=final))

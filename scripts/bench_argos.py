@@ -35,7 +35,7 @@ import sentencepiece as spm
 from nmt.config import load_config
 from nmt.data import passthrough
 from nmt.decode.argos_check import argos_pipeline, argos_translate
-from nmt.decode.ct2 import ExportOptions, export_run
+from nmt.decode.ct2_export import ExportOptions, export_run
 from nmt.decode.evaluate import score
 from nmt.decode.translator import Translator
 

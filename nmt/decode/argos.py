@@ -53,7 +53,7 @@ from typing import Any
 import nmt
 from nmt.config import Config, DataConfig
 from nmt.decode.argos_sbd import minisbd_model
-from nmt.decode.ct2 import ExportOptions, _resolve_source, _Source, ensure_export
+from nmt.decode.ct2_export import ExportOptions, ExportSource, ensure_export, resolve_source
 from nmt.errors import NmtError
 from nmt.files import atomic_path
 
@@ -87,7 +87,7 @@ def export_argos(opts: ExportOptions) -> Path:
     """`nmt export --format argos`: write the package of a run's checkpoint (atomically); its path."""
     if opts.output is not None:
         _check_output(Path(opts.output))
-    src = _resolve_source(opts.run_dir, opts.checkpoint)
+    src = resolve_source(opts.run_dir, opts.checkpoint)
     if not src.config.data.src_lang.startswith("zh"):
         raise NmtError(
             f"--format argos: a {src.config.data.src_lang}→{src.config.data.tgt_lang} run is not packaged "
@@ -113,7 +113,7 @@ def export_argos(opts: ExportOptions) -> Path:
     return out
 
 
-def _ct2_model(src: _Source, quantization: str | None) -> Path:
+def _ct2_model(src: ExportSource, quantization: str | None) -> Path:
     """The CTranslate2 export of `src` (`ensure_export`; reused while fresh), with a sinusoidal
     position table of at least ARGOS_POSITIONS rows: Argos reads sources of up to 1,024 tokens and
     decodes up to 256, and CTranslate2 stops with an error past the table (nmt truncates instead).
@@ -194,7 +194,7 @@ def _score_table(rows: list[dict[str, Any]], checkpoint: Path) -> list[str]:
     return lines
 
 
-def readme(src: _Source, manifest: dict[str, Any]) -> str:
+def readme(src: ExportSource, manifest: dict[str, Any]) -> str:
     """README.md of the package: what it is, where it came from, how it scored, what differs from nmt."""
     c, m = src.config, src.config.model
     names = NAMES.get(c.data.src_lang, c.data.src_lang), NAMES.get(c.data.tgt_lang, c.data.tgt_lang)

@@ -1,17 +1,7 @@
-"""CTranslate2: export a run's checkpoint to a CTranslate2 model directory, and decode with it.
+"""CTranslate2, part 2: an exported model (`nmt.decode.ct2_export`) decoding as one of nmt's engines.
 
 Optional extra (`pip install 'nmt[ctranslate2]'`): this module imports without the package, and
 every entry point raises a one-line `NmtError` naming the extra when it is missing.
-
-Export (`export_run`; `nmt export --format ctranslate2`) converts with `nmt.decode.ct2_spec.NmtConverter`
-(CTranslate2's own spec API, filled from nmt's state dict; the mapping is documented there).
-
-Token i of each CTranslate2 vocabulary is SentencePiece piece i, the config adds EOS to every
-source and starts the decoder with BOS, so an exported directory also works without nmt:
-`sp.encode(text, out_type=str)` → `Translator.translate_batch` → `sp.decode(pieces)` (after
-nmt's normalisation, `nmt.data.corpus.normalize_source`). Directory: model.bin, config.json,
-{source,target}_vocabulary.json, both SentencePiece models, manifest.json (run, checkpoint,
-step, config, versions, quantization, input digest).
 
 Decoding (`CTranslate2Engine.search`) maps nmt's decode settings onto `translate_batch`:
 
@@ -49,204 +39,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import shutil
-import time
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-import nmt
 from nmt import BOS_ID, EOS_ID, PAD_ID
-from nmt.config import YAML_LOADER, Config, DecodeConfig, config_from_dict, config_to_dict, load_config
+from nmt.config import Config, DecodeConfig, config_from_dict
+from nmt.decode.ct2_export import MANIFEST, ensure_export, require_ctranslate2, resolve_source, vocabulary_pieces
 from nmt.decode.options import Sampling, cpu_threads
 from nmt.errors import NmtError
 
-try:
-    import ctranslate2
-except ImportError:  # the optional extra is not installed
-    ctranslate2 = None
-
-EXPORT_FORMATS = ("ctranslate2", "argos")  # dispatched by nmt/decode/export.py
-MANIFEST = "manifest.json"
-EXPORT_REVISION = 1  # bump when the layout of an export changes (stale caches are rebuilt)
-INSTALL_HINT = "pip install 'nmt[ctranslate2]'"
-
 # nmt precision → CTranslate2 compute type ("default": the type the weights were saved in)
 COMPUTE_TYPES = {"auto": "default", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8"}
-
-
-def require_ctranslate2() -> Any:
-    """The `ctranslate2` module, or a one-line NmtError naming the optional extra."""
-    if ctranslate2 is None:
-        raise NmtError(f"CTranslate2 is not installed: {INSTALL_HINT}")
-    return ctranslate2
-
-
-def quantizations() -> tuple[str, ...]:
-    """The weight types the installed converter accepts for --quantization."""
-    from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
-
-    return tuple(ACCEPTED_MODEL_TYPES)
-
-
-# --------------------------------------------------------------------------- export
-
-
-@dataclass
-class ExportOptions:
-    """What `nmt export` writes: which run and checkpoint, where, in which weight type."""
-
-    run_dir: Path
-    checkpoint: Path | None = None  # None: the run's inference checkpoint (final > best > latest)
-    output: Path | None = None  # None: <run>/export/ct2-<checkpoint>-<quantization>
-    quantization: str | None = None  # None: float32 weights (see quantizations())
-    format: str = "ctranslate2"
-
-
-@dataclass
-class _Source:
-    """Everything an export is made from."""
-
-    run_dir: Path
-    checkpoint: Path
-    config: Config  # the run's config, with the checkpoint's model section
-    src_model: Path  # SentencePiece models
-    tgt_model: Path
-
-
-def _resolve_source(run_dir: Path, checkpoint: Path | None, config: Config | None = None) -> _Source:
-    """The checkpoint (default: final > best > latest), config and vocabularies of a run, as
-    `Translator.from_run` finds them; the weights themselves are read only when converting."""
-    from nmt.checkpoint_files import find_inference_checkpoint, read_metadata
-    from nmt.data.tokenizer import load_tokenizers
-
-    run_dir = Path(run_dir)
-    path = Path(checkpoint) if checkpoint is not None else find_inference_checkpoint(run_dir)
-    meta = read_metadata(path)
-    if "config" not in meta:
-        raise NmtError(f"{path}: checkpoint has no config in its metadata (not written by nmt)")
-    stored = config_from_dict(yaml.load(meta["config"], Loader=YAML_LOADER) or {}, source=f"{path}:config")
-    if config is None:
-        config = load_config(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else stored
-    config = dataclasses.replace(config, model=dataclasses.replace(stored.model))
-    src_tok, tgt_tok = load_tokenizers(run_dir, config)
-    return _Source(run_dir, path, config, src_tok.path, tgt_tok.path)
-
-
-def _digest(src: _Source, quantization: str | None) -> str:
-    from nmt.runs import hash_files
-
-    extra = {"quantization": quantization, "revision": EXPORT_REVISION, "ctranslate2": ctranslate2.__version__}
-    return hash_files([src.checkpoint, src.src_model, src.tgt_model], extra)
-
-
-def default_export_dir(run_dir: Path, checkpoint: Path, quantization: str | None) -> Path:
-    """<run>/export/ct2-<checkpoint name>-<weight type>: the cache the engine reuses."""
-    return Path(run_dir) / "export" / f"ct2-{Path(checkpoint).stem}-{quantization or 'float32'}"
-
-
-def is_fresh(out: Path, digest: str) -> bool:
-    """True when `out` holds a complete export of the same inputs (its manifest digest)."""
-    try:
-        manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return False
-    return manifest.get("inputs") == digest and (out / "model.bin").is_file()
-
-
-def _pieces(model: Path) -> list[str]:
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=str(model))
-    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
-
-
-def _write_export(src: _Source, out: Path, quantization: str | None, digest: str) -> Path:
-    """Convert into a temporary directory next to `out`, then swap it in (never half-written)."""
-    from nmt.checkpoint import load_weights
-    from nmt.checkpoint_files import checkpoint_step
-    from nmt.decode.ct2_spec import NmtConverter  # CTranslate2's converter imports PyTorch
-
-    state, _ = load_weights(src.checkpoint)
-    converter = NmtConverter(state, src.config.model, (_pieces(src.src_model), _pieces(src.tgt_model)))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        try:
-            converter.convert(str(tmp), quantization=quantization, force=True)
-        except ValueError as e:  # the spec's own validation, e.g. a vocabulary of another size
-            raise NmtError(f"{src.checkpoint}: CTranslate2 refused the model ({e})") from None
-        shutil.copyfile(src.src_model, tmp / "source.model")
-        shutil.copyfile(src.tgt_model, tmp / "target.model")
-        manifest = {
-            "format": "ctranslate2",
-            "run": str(src.run_dir.resolve()),
-            "checkpoint": str(src.checkpoint.resolve()),
-            "step": checkpoint_step(src.checkpoint),
-            "quantization": quantization or "float32",
-            "source_model": "source.model",
-            "target_model": "target.model",
-            "nmt_version": nmt.__version__,
-            "ctranslate2_version": ctranslate2.__version__,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "inputs": digest,
-            "config": config_to_dict(src.config),
-        }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        old = out.parent / f".{out.name}.{os.getpid()}.old"
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
-def ensure_export(src: _Source, output: Path | None, quantization: str | None) -> Path:
-    """The export directory of `src` in `quantization`: reused when its manifest matches, else (re)written."""
-    require_ctranslate2()
-    if quantization is not None and quantization not in quantizations():
-        raise NmtError(f"--quantization {quantization!r}: expected one of {' | '.join(quantizations())}")
-    out = Path(output) if output is not None else default_export_dir(src.run_dir, src.checkpoint, quantization)
-    digest = _digest(src, quantization)
-    if is_fresh(out, digest):
-        return out
-    from nmt.decode.ct2_spec import check_representable  # CTranslate2's converter imports PyTorch
-
-    check_representable(src.config.model)
-    if out.exists() and not (out / MANIFEST).is_file():
-        raise NmtError(f"{out}: exists and is not an nmt export; choose another --output")
-    try:
-        return _write_export(src, out, quantization, digest)
-    except OSError as e:
-        hint = "nmt export --output DIR, then --checkpoint DIR"
-        raise NmtError(f"{out}: cannot write ({e.strerror or e}); {hint}") from None
-
-
-def fresh_export(run_dir: Path, checkpoint: Path) -> Path | None:
-    """The engine's cached float32 export of `checkpoint` when it exists and is current, else None
-    (nothing is converted; no PyTorch)."""
-    if ctranslate2 is None:
-        return None
-    src = _resolve_source(run_dir, checkpoint)
-    out = default_export_dir(src.run_dir, src.checkpoint, None)
-    return out if is_fresh(out, _digest(src, None)) else None
-
-
-def export_run(opts: ExportOptions) -> Path:
-    """The CTranslate2 export directory of a run's checkpoint, written or reused; returns its path.
-    (`nmt export` goes through `nmt.decode.export`, which also knows the Argos package.)"""
-    require_ctranslate2()
-    return ensure_export(_resolve_source(opts.run_dir, opts.checkpoint), opts.output, opts.quantization)
-
-
-# --------------------------------------------------------------------------- the engine
 
 
 @dataclass(frozen=True)
@@ -263,9 +68,9 @@ class Ct2Device:
 def ct2_device(name: str = "auto") -> Ct2Device:
     """'auto' → the first CUDA device CTranslate2 sees, else the CPU; 'cpu', 'cuda', 'cuda:N' checked
     against CTranslate2's own device count (the rule of `nmt.device.resolve_device`)."""
-    require_ctranslate2()
+    lib = require_ctranslate2()
     name = (name or "auto").strip().lower()
-    gpus = ctranslate2.get_cuda_device_count()
+    gpus = lib.get_cuda_device_count()
     if name == "auto":
         return Ct2Device("cuda" if gpus else "cpu")
     kind, _, index = name.partition(":")
@@ -278,11 +83,11 @@ def ct2_device(name: str = "auto") -> Ct2Device:
 
 def compute_type(device: Ct2Device, precision: str) -> str:
     """CTranslate2 compute type for nmt's `precision`; NmtError when the device cannot run it."""
-    require_ctranslate2()
+    lib = require_ctranslate2()
     if precision not in COMPUTE_TYPES:
         raise NmtError(f"--precision {precision!r}: expected one of {' | '.join(COMPUTE_TYPES)}")
     wanted = COMPUTE_TYPES[precision]
-    supported = ctranslate2.get_supported_compute_types(device.type)
+    supported = lib.get_supported_compute_types(device.type)
     if wanted != "default" and wanted not in supported:
         raise NmtError(
             f"--precision {precision}: CTranslate2 on {device.type} supports {' | '.join(sorted(supported))} here"
@@ -292,8 +97,7 @@ def compute_type(device: Ct2Device, precision: str) -> str:
 
 def seed_sampling(seed: int) -> None:
     """Seed CTranslate2's sampling; effective for engines whose worker threads have not sampled yet."""
-    require_ctranslate2()
-    ctranslate2.set_random_seed(seed)
+    require_ctranslate2().set_random_seed(seed)
 
 
 _NMT_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -308,12 +112,12 @@ class CTranslate2Engine:
         self, model_dir: Path, decode: DecodeConfig, device: Ct2Device, precision: str, threads: int = 0
     ) -> None:
         """`threads`: CPU threads, fixed at load (0: `nmt.decode.options.cpu_threads`)."""
-        require_ctranslate2()
+        lib = require_ctranslate2()
         manifest = json.loads((Path(model_dir) / MANIFEST).read_text(encoding="utf-8"))
         self.model_dir, self.decode, self.device = Path(model_dir), decode, device
         self.max_positions = int(manifest["config"]["model"]["max_positions"])
         self.threads = cpu_threads(threads) if device.type == "cpu" else 0
-        self.translator = ctranslate2.Translator(
+        self.translator = lib.Translator(
             str(model_dir),
             device=device.type,
             device_index=device.index,
@@ -322,8 +126,8 @@ class CTranslate2Engine:
         )
         used = self.translator.compute_type
         self.precision = _NMT_NAMES.get(used, "int8" if used.startswith("int8") else used)
-        self.src_pieces = _pieces(self.model_dir / manifest["source_model"])
-        self.tgt_pieces = tgt = _pieces(self.model_dir / manifest["target_model"])
+        self.src_pieces = vocabulary_pieces(self.model_dir / manifest["source_model"])
+        self.tgt_pieces = tgt = vocabulary_pieces(self.model_dir / manifest["target_model"])
         self.tgt_ids = {piece: i for i, piece in enumerate(tgt)}
         self.eos = tgt[EOS_ID]
 
@@ -353,7 +157,7 @@ class CTranslate2Engine:
     ) -> CTranslate2Engine:
         """Convert `path` of `run_dir` into the run's export cache (reused while fresh) and load it."""
         require_ctranslate2()
-        src = _resolve_source(run_dir, path, config)
+        src = resolve_source(run_dir, path, config)
         return cls(ensure_export(src, None, None), config.decode, device, precision, threads)
 
     def max_len(self, src_len: int) -> int:

@@ -1,6 +1,6 @@
 """`nmt export`: the one entry for every export format of a run's checkpoint.
 
-- ``ctranslate2``: a CTranslate2 model directory (`nmt.decode.ct2`), also the engine's cache;
+- ``ctranslate2``: a CTranslate2 model directory (`nmt.decode.ct2_export`), also the engine's cache;
 - ``argos``: an Argos Translate package around that export (`nmt.decode.argos`).
 
 The dispatch lives here, above both, so that neither format's module imports the other.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nmt.decode.argos import export_argos
-from nmt.decode.ct2 import EXPORT_FORMATS, ExportOptions, export_run
+from nmt.decode.ct2_export import EXPORT_FORMATS, ExportOptions, export_run
 from nmt.errors import NmtError
 
 

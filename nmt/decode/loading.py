@@ -76,9 +76,9 @@ def auto_export(run_dir: Path, checkpoint: Path | None, ensemble: tuple[Path, ..
     earlier `--engine ctranslate2`); None (native) without the package, for an ensemble
     (native-only) or without a current export. Nothing is converted here."""
     from nmt.checkpoint_files import find_inference_checkpoint
-    from nmt.decode.ct2 import ctranslate2, fresh_export
+    from nmt.decode.ct2_export import fresh_export, installed
 
-    if ensemble or ctranslate2 is None:
+    if ensemble or not installed():
         return None
     path = Path(checkpoint) if checkpoint is not None else find_inference_checkpoint(run_dir)
     return path if path.is_dir() else fresh_export(run_dir, path)

@@ -24,7 +24,7 @@ pytest.importorskip("ctranslate2", reason="optional extra nmt[ctranslate2] is no
 
 from nmt.cli import app  # noqa: E402
 from nmt.decode import argos, argos_check, argos_sbd  # noqa: E402
-from nmt.decode.ct2 import ExportOptions  # noqa: E402
+from nmt.decode.ct2_export import ExportOptions  # noqa: E402
 from nmt.decode.export import export as export_run  # noqa: E402
 
 needs_argos = pytest.mark.skipif(

@@ -240,14 +240,7 @@ def evaluate_run(
         translator = load_translator(config, run_dir, opts)
     beam = config.decode.beam if opts.beam is None else opts.beam
     if name is None:
-        base = split if src is None else external_name(src_path)
-        name = base if beam == config.decode.beam else f"{base}.beam{beam}"
-        name += "" if opts.engine == "native" else f".{opts.engine}"  # keep both engines' reports
-        if opts.ensemble:
-            name += f".ensemble{1 + len(opts.ensemble)}"
-        if opts.sampling is not None:
-            sm = opts.sampling
-            name += f".sample-k{sm.topk}-p{sm.topp:g}-t{sm.temperature:g}-s{sm.seed}"
+        name = _report_name(split if src is None else external_name(src_path), beam, config, opts)
     hyps, result = _decode_and_score(translator, src_lines, ref_lines, code_list, beam, job.ter)
     d = config_to_dict(config)["decode"]
     report: dict[str, Any] = {
@@ -280,6 +273,19 @@ def evaluate_run(
     if not quiet:
         print_report(report)
     return report
+
+
+def _report_name(base: str, beam: int, config: Config, opts: InferenceOptions) -> str:
+    """`base` (the split, or the external set's name) with what sets this decoding apart from the
+    run's default one, so that reports of different settings sit side by side in <run>/eval/."""
+    name = base if beam == config.decode.beam else f"{base}.beam{beam}"
+    name += "" if opts.engine == "native" else f".{opts.engine}"  # keep both engines' reports
+    if opts.ensemble:
+        name += f".ensemble{1 + len(opts.ensemble)}"
+    if opts.sampling is not None:
+        sm = opts.sampling
+        name += f".sample-k{sm.topk}-p{sm.topp:g}-t{sm.temperature:g}-s{sm.seed}"
+    return name
 
 
 # --------------------------------------------------------------------------- presentation

@@ -40,11 +40,11 @@ def test_pipeline_exports_the_final_model_for_ctranslate2(tiny_run):
     """So that `nmt translate` (--engine auto) answers without PyTorch right after the pipeline."""
     pytest.importorskip("ctranslate2")
     from nmt.decode.ct2_export import fresh_export
-    from nmt.decode.loading import choose_engine
+    from nmt.decode.loading import resolve_engine
 
     final = tiny_run / "checkpoints" / "final.safetensors"
     assert fresh_export(tiny_run, final) == tiny_run / "export" / "ct2-final-float32"
-    assert choose_engine(tiny_run, None) == "ctranslate2"
+    assert resolve_engine("auto", tiny_run, None).name == "ctranslate2"
 
 
 def test_second_pipeline_run_skips_every_stage(tiny_run, mini_mirror):

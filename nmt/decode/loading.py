@@ -31,7 +31,9 @@ class EngineChoice:
     export: Path | None = None
 
 
-def resolve_engine(engine: str, run_dir: Path, checkpoint: Path | None, ensemble: tuple[Path, ...]) -> EngineChoice:
+def resolve_engine(
+    engine: str, run_dir: Path, checkpoint: Path | None, ensemble: tuple[Path, ...] = ()
+) -> EngineChoice:
     """`engine` checked, `auto` resolved by `auto_export`; an ensemble on another engine refused."""
     if engine not in ENGINES:
         raise NmtError(f"--engine {engine!r}: expected one of {' | '.join(ENGINES)}")
@@ -82,11 +84,6 @@ def auto_export(run_dir: Path, checkpoint: Path | None, ensemble: tuple[Path, ..
         return None
     path = Path(checkpoint) if checkpoint is not None else find_inference_checkpoint(run_dir)
     return path if path.is_dir() else fresh_export(run_dir, path)
-
-
-def choose_engine(run_dir: Path, checkpoint: Path | None, ensemble: tuple[Path, ...] = ()) -> str:
-    """`--engine auto`'s engine: "ctranslate2" where `auto_export` finds an export, else "native"."""
-    return "native" if auto_export(run_dir, checkpoint, ensemble) is None else "ctranslate2"
 
 
 def inference_config(run_dir: Path, config: Config | None, stored: Config, device_type: str) -> Config:

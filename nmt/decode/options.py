@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nmt.errors import NmtError
 
-ENGINES = ("native", "ctranslate2", "auto")  # auto: `nmt.decode.loading.choose_engine`
+ENGINES = ("native", "ctranslate2", "auto")  # auto: `nmt.decode.loading.resolve_engine`
 BATCH_ROWS = 64  # rows of a decoding step in batches (eval, backtranslate, translate --input, serve)
 ALONE_ROWS = 1  # a sentence at a time (translate of arguments, serve --tune-for sentence)
 

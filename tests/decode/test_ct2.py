@@ -278,23 +278,24 @@ def test_translate_with_ctranslate2_never_imports_torch(trained_run, engine):
 
 
 def test_auto_engine_is_ctranslate2_only_with_a_current_export(trained_run, tmp_path, monkeypatch):
-    from nmt.decode.loading import choose_engine
+    from nmt.decode.loading import resolve_engine
 
     run = tmp_path / "run"
     shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("export", "eval"))
-    assert choose_engine(run, None) == "native"  # nothing exported: no conversion, decode natively
+    assert resolve_engine("auto", run, None).name == "native"  # nothing exported: no conversion, decode natively
     out = ct2_export.export_run(ct2_export.ExportOptions(run))
-    assert choose_engine(run, None) == "ctranslate2" and choose_engine(run, out) == "ctranslate2"
+    assert resolve_engine("auto", run, None).name == "ctranslate2"
+    assert resolve_engine("auto", run, out).name == "ctranslate2"
     best = run / "checkpoints" / "best.safetensors"
-    assert choose_engine(run, best, ensemble=(best,)) == "native"  # ensembles are native-only
+    assert resolve_engine("auto", run, best, ensemble=(best,)).name == "native"  # ensembles are native-only
     chosen = ct2_export.resolve_source(run, None).checkpoint
     other = next(
         p for p in sorted((run / "checkpoints").glob("step_*.safetensors")) if p.read_bytes() != chosen.read_bytes()
     )
     shutil.copyfile(other, chosen)  # the export is now stale
-    assert choose_engine(run, None) == "native"
+    assert resolve_engine("auto", run, None).name == "native"
     monkeypatch.setattr(ct2_export, "ctranslate2", None)
-    assert choose_engine(run, out) == "native"  # the package missing: never chosen
+    assert resolve_engine("auto", run, out).name == "native"  # the package missing: never chosen
     t = Translator.from_run(run, engine="auto", precision="fp32")
     assert t.engine.name == "native"
 

@@ -123,14 +123,33 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout
     return out * any_key.to(out.dtype)  # (B, H, T, dk)
 
 
+QUERY_BLOCKS_FOR_MATH = 32  # (batch × head) blocks of several queries each from which `step_attention`
+# writes the math out on a CPU (docs/BENCHMARKS.md, "Interactive speed, fourth pass")
+
+
 def step_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None) -> Tensor:
     """The kernel of incremental decoding: a few queries over cached keys, with an additive `bias`
     in q's dtype (broadcastable to (..., Tq, S); None: every key) instead of a boolean mask.
     q (..., Tq, dk), k/v (..., S, dk) → (..., Tq, dk); `math_attention`'s function up to rounding.
-    One fused `scaled_dot_product_attention` call: a step of a sentence decoded alone is mostly
-    per-operation overhead, and the fused kernel is one operation where the written-out math is
-    eight (docs/BENCHMARKS.md)."""
+
+    Two kernels, chosen by shape alone (the reference step and `FastDecoder` always agree):
+    one fused `scaled_dot_product_attention` call where a step is mostly per-operation overhead (a
+    sentence decoded alone; one operation where the written-out math is five), and the written-out
+    math for the cross-attention of beams on a CPU once there are `QUERY_BLOCKS_FOR_MATH` blocks
+    of Tq > 1 queries: the fused CPU kernel tiles the queries of each block for long query runs,
+    and with a few beams per block most of each tile is idle work."""
+    blocks = q.numel() // (q.size(-1) * q.size(-2))  # batch × heads
+    if q.size(-2) > 1 and blocks >= QUERY_BLOCKS_FOR_MATH and q.device.type == "cpu":
+        return _step_math(q, k, v, bias)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+def _step_math(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+    """`step_attention` written out: scores and softmax in fp32, as the fused kernel keeps them."""
+    scores = torch.matmul(q, k.transpose(-2, -1)).float().mul_(q.size(-1) ** -0.5)  # (..., Tq, S)
+    if bias is not None:
+        scores.add_(bias)
+    return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)  # (..., Tq, dk)
 
 
 def dense_mask(key_pad: Tensor | None, causal: bool, t_query: int, device: torch.device) -> Tensor | None:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.errors import NmtError
+from nmt.model.attention import step_attention
 from nmt.model.ensemble import Ensemble
 from nmt.model.kv_cache import DecoderState
 from nmt.model.transformer import EncoderOut, Transformer
@@ -106,10 +107,10 @@ class FastDecoder:
                 cache = state.self_kv.room(t, qkv[:, 1:])  # (L, 2, R, H, C, dk)
             cache[i, :, :, :, t].copy_(qkv[:, 1:].transpose(0, 1))  # this position's K and V
             kv = cache[i, :, :, :, : t + 1]  # (2, R, H, t+1, dk)
-            out = F.scaled_dot_product_attention(qkv[:, 0, :, None], kv[0], kv[1])  # (R, H, 1, dk)
+            out = step_attention(qkv[:, 0, :, None], kv[0], kv[1])  # (R, H, 1, dk)
             x = w.self_out(out.reshape(R, D)).add_(x)
             q = w.q(F.layer_norm(x, (D,), n2, b2, w.eps)).view(N, R // N, H, dk).transpose(1, 2)  # (N, H, beam, dk)
-            out = F.scaled_dot_product_attention(q, state.cross_k[i], state.cross_v[i], attn_mask=state.cross_bias)
+            out = step_attention(q, state.cross_k[i], state.cross_v[i], state.cross_bias)  # (N, H, beam, dk)
             if state.cross_empty is not None:
                 out = out * state.cross_empty.to(out.dtype)  # no real key: zero output, as the reference
             x = w.cross_out(out.transpose(1, 2).reshape(R, D)).add_(x)

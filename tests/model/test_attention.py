@@ -409,20 +409,41 @@ def test_installed_torch_varlen_signature_is_known():
     assert attention.varlen_kernel() is not None
 
 
+@pytest.mark.parametrize("sentences", [3, 16])  # 12 and 64 (sentence × head) blocks: both kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("keys", [1, 5, 16, 40])
-def test_step_attention_equals_math_attention_with_padding_bias(keys, dtype):
+def test_step_attention_equals_math_attention_with_padding_bias(keys, dtype, sentences):
     from nmt.model.masks import cross_attention_bias
 
     torch.manual_seed(keys)
-    q = torch.randn(3, 4, 2, 8, dtype=dtype)  # (N, H, beam, dk)
-    k, v = torch.randn(3, 4, keys, 8, dtype=dtype), torch.randn(3, 4, keys, 8, dtype=dtype)
-    pad = torch.zeros(3, keys, dtype=torch.bool)
+    N = sentences
+    q = torch.randn(N, 4, 2, 8, dtype=dtype)  # (N, H, beam, dk)
+    k, v = torch.randn(N, 4, keys, 8, dtype=dtype), torch.randn(N, 4, keys, 8, dtype=dtype)
+    pad = torch.zeros(N, keys, dtype=torch.bool)
     pad[0, keys // 2 + 1 :] = True  # a padded source
     pad[2] = True  # no real key at all: finite bias, no NaN (the decoder zeroes such rows)
-    got = attention.step_attention(q, k, v, cross_attention_bias(pad, dtype))  # (3, 4, 2, 8)
+    got = attention.step_attention(q, k, v, cross_attention_bias(pad, dtype))  # (N, 4, 2, 8)
     want = attention.math_attention(q, k, v, ~pad[:, None, None, :])
     tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
-    torch.testing.assert_close(got[:2], want[:2], **tol)
+    real = torch.ones(N, dtype=torch.bool)
+    real[2] = False
+    torch.testing.assert_close(got[real], want[real], **tol)
     assert not got.isnan().any()
     torch.testing.assert_close(attention.step_attention(q, k, v), attention.math_attention(q, k, v, None), **tol)
+
+
+def test_step_attention_writes_the_math_out_for_many_blocks_of_beams(monkeypatch):
+    """The fused kernel for one sentence's beams or any single query per block; the written-out
+    math from QUERY_BLOCKS_FOR_MATH blocks of several queries (beams) on."""
+    fused, kernel = [], F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        fused.append(args[0].shape)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    blocks = attention.QUERY_BLOCKS_FOR_MATH
+    k = v = torch.randn(blocks, 1, 6, 8)
+    for beams, n in ((5, blocks), (5, blocks - 1), (1, blocks)):
+        attention.step_attention(torch.randn(n, 1, beams, 8), k[:n], v[:n])
+    assert fused == [torch.Size([blocks - 1, 1, 5, 8]), torch.Size([blocks, 1, 1, 8])]

@@ -98,84 +98,73 @@ class Translator:
 
     @classmethod
     def from_run(
-        cls,
-        run_dir: Path,
-        checkpoint: Path | None = None,
-        *,
-        device: str = InferenceOptions.device,
-        precision: str = InferenceOptions.precision,
-        config: Config | None = None,
-        engine: str = InferenceOptions.engine,
-        sampling: Sampling | None = InferenceOptions.sampling,
-        ensemble: tuple[Path, ...] = InferenceOptions.ensemble,
-        threads: int = InferenceOptions.threads,
-        rows: int = InferenceOptions.rows,
+        cls, run_dir: Path, checkpoint: Path | None = None, *, config: Config | None = None, **options: Any
     ) -> Translator:
-        """Load `checkpoint` (default: `nmt.checkpoint_files.choose_inference_checkpoint`) with the run's vocabularies.
-        Defaults are `InferenceOptions`' (one set for every way in: CLI, server, scripts).
+        """`from_options` for the run `run_dir`: `options` are any of `InferenceOptions`' loading
+        fields (device, precision, engine, sampling, ensemble, threads, rows); the rest of them are
+        its defaults, the same for every way in (CLI, server, scripts)."""
+        searching = sorted(set(options) & {"beam", "nbest", "len_penalty"})
+        if searching:  # InferenceOptions has them, but a translator takes them per call
+            raise TypeError(f"from_run() got {', '.join(searching)}: pass it to translate()")
+        opts = InferenceOptions(run_dir=Path(run_dir), checkpoint=checkpoint, **options)
+        return cls._load(Path(run_dir), opts, config)
 
-        The architecture comes from the checkpoint's stored config; the rest (data
-        normalisation, decode settings) from `config`, else `<run>/config.yaml`, else the checkpoint.
-        Says on stderr which checkpoint (path, step, why) it loaded.
-        """
+    @classmethod
+    def from_options(cls, opts: InferenceOptions, config: Config | None = None) -> Translator:
+        """The translator of `opts`: its run (default: the newest with a model), checkpoint
+        (default: `nmt.checkpoint_files.choose_inference_checkpoint`), engine, device and
+        precision. The architecture comes from the checkpoint's stored config; the rest (data
+        normalisation, decode settings) from `config`, else `<run>/config.yaml`, else the
+        checkpoint. Says on stderr which checkpoint (path, step, why) it loaded."""
+        from nmt.runs import resolve_run
+
+        _, run = resolve_run(None, str(opts.run_dir) if opts.run_dir is not None else None, need_model=True)
+        return cls._load(run, opts, config)
+
+    @classmethod
+    def _load(cls, run_dir: Path, opts: InferenceOptions, config: Config | None) -> Translator:
         from nmt.checkpoint_files import choose_inference_checkpoint, describe_checkpoint, read_config
         from nmt.data.tokenizer import load_tokenizers
         from nmt.decode import loading
 
-        run_dir = Path(run_dir)
-        picked = loading.resolve_engine(engine, run_dir, checkpoint, ensemble)
-        engine = picked.name
-        if engine == "ctranslate2" and checkpoint is not None and Path(checkpoint).is_dir():
-            found = loading.ct2_from_export(Path(checkpoint), config, device, precision, sampling, threads)
-            translator = cls(None, *found[1:], checkpoint=Path(checkpoint), engine=found[0])
-            translator.sampling = sampling
-            return translator
-        dev = loading.device_for(engine, device, sampling)
-        choice = choose_inference_checkpoint(run_dir) if checkpoint is None else None
-        path = Path(checkpoint) if choice is None else choice.path
+        picked = loading.resolve_engine(opts.engine, run_dir, opts.checkpoint, opts.ensemble)
+        if picked.name == "ctranslate2" and opts.checkpoint is not None and Path(opts.checkpoint).is_dir():
+            return cls._from_export(Path(opts.checkpoint), opts, config)
+        dev = loading.device_for(picked.name, opts.device, opts.sampling)
+        choice = choose_inference_checkpoint(run_dir) if opts.checkpoint is None else None
+        path = Path(opts.checkpoint) if choice is None else choice.path
         config = loading.inference_config(run_dir, config, read_config(path), dev.type)
         src_tok, tgt_tok = load_tokenizers(run_dir, config)
-        if engine == "ctranslate2":
+        model, engine = None, None
+        if picked.name == "ctranslate2":
             from nmt.decode.ct2 import CTranslate2Engine
 
             if picked.export is not None:  # found current by --engine auto
-                ct2 = CTranslate2Engine(picked.export, config.decode, dev, precision, threads)
+                engine = CTranslate2Engine(picked.export, config.decode, dev, opts.precision, opts.threads)
             else:
-                ct2 = CTranslate2Engine.from_checkpoint(run_dir, path, config, dev, precision, threads)
-            translator = cls(None, src_tok, tgt_tok, config, checkpoint=path, engine=ct2)
+                engine = CTranslate2Engine.from_checkpoint(run_dir, path, config, dev, opts.precision, opts.threads)
         else:
             from nmt.decode.engines import NativeEngine
 
             sizes = (src_tok.vocab_size, tgt_tok.vocab_size)
-            model = loading.native_model(config, sizes, path, run_dir, ensemble, dev.type)
-            native = NativeEngine(model, config.decode, dev, precision, rows)  # resolves precision 'auto'
-            translator = cls(model, src_tok, tgt_tok, config, checkpoint=path, engine=native)
-        translator.sampling = sampling
-        decodes = f"; {translator.engine.describe}" if hasattr(translator.engine, "describe") else ""
-        print(
-            describe_checkpoint(path, choice.reason if choice else "named explicitly") + picked.note + decodes,
-            file=sys.stderr,
-        )
+            model = loading.native_model(config, sizes, path, run_dir, opts.ensemble, dev.type)
+            engine = NativeEngine(model, config.decode, dev, opts.precision, opts.rows)  # resolves 'auto'
+        translator = cls(model, src_tok, tgt_tok, config, checkpoint=path, engine=engine)
+        translator.sampling = opts.sampling
+        decodes = f"; {engine.describe}" if hasattr(engine, "describe") else ""
+        why = choice.reason if choice else "named explicitly"
+        print(describe_checkpoint(path, why) + picked.note + decodes, file=sys.stderr)
         return translator
 
     @classmethod
-    def from_options(cls, opts: InferenceOptions, config: Config | None = None) -> Translator:
-        """`from_run` with the model, device, precision and engine that `opts` names."""
-        from nmt.runs import resolve_run
+    def _from_export(cls, export: Path, opts: InferenceOptions, config: Config | None) -> Translator:
+        """A CTranslate2 model directory named as the checkpoint: its own vocabularies and config."""
+        from nmt.decode import loading
 
-        _, run = resolve_run(None, str(opts.run_dir) if opts.run_dir is not None else None, need_model=True)
-        return cls.from_run(
-            run,
-            opts.checkpoint,
-            device=opts.device,
-            precision=opts.precision,
-            config=config,
-            engine=opts.engine,
-            sampling=opts.sampling,
-            ensemble=opts.ensemble,
-            threads=opts.threads,
-            rows=opts.rows,
-        )
+        found = loading.ct2_from_export(export, config, opts.device, opts.precision, opts.sampling, opts.threads)
+        translator = cls(None, *found[1:], checkpoint=export, engine=found[0])
+        translator.sampling = opts.sampling
+        return translator
 
     # ----------------------------------------------------------------------- public API
 

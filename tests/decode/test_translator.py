@@ -337,6 +337,10 @@ def test_from_run_errors(tiny_run_dir, tmp_path):
         Translator.from_run(tmp_path)
     with pytest.raises(NmtError, match="not found"):
         Translator.from_run(tiny_run_dir, checkpoint=tmp_path / "missing.safetensors")
+    with pytest.raises(TypeError, match=r"from_run\(\) got beam: pass it to translate\(\)"):
+        Translator.from_run(tiny_run_dir, device="cpu", beam=3)  # a loader would silently drop it
+    with pytest.raises(TypeError, match="unexpected keyword argument 'devise'"):
+        Translator.from_run(tiny_run_dir, devise="cpu")  # InferenceOptions names every option
 
 
 def test_translate_to_file(tiny_run_dir, tmp_path):

@@ -266,14 +266,7 @@ def beam_search(
         N, k = scores.shape
         lp = constrain(_log_probs(model, tokens, state), t, min_len, max_len[sent].repeat_interleave(k), earliest)
         lp = block_repeated_ngrams(lp, hist[:, :t], no_repeat_ngram)  # (N*k, V)
-        V = lp.size(1)
-        cand = lp.add_(scores.view(-1, 1)).view(N, k * V)  # (N, k*V), in place: one (R, V) buffer less per step
-        top_score, top_idx = cand.topk(min(2 * K, k * V), dim=1)  # (N, 2K)
-        if top_score.size(1) < K:  # a vocabulary smaller than the beam at step 0: closed slots
-            fill = K - top_score.size(1)
-            top_score = torch.cat([top_score, top_score.new_full((N, fill), NEG_INF)], dim=1)
-            top_idx = torch.cat([top_idx, top_idx.new_full((N, fill), PAD_ID)], dim=1)  # beam 0, token PAD
-        top_beam, top_tok = top_idx // V, top_idx % V
+        top_score, top_beam, top_tok = _candidates(lp, scores, K)  # (N, >= K) each
         fin = _finish_eos(fin, top_score[:, :K], top_beam[:, :K], top_tok[:, :K], hist, t, len_penalty)
         scores, flat, tokens = _next_beams(top_score, top_beam, top_tok, K, k)  # (N, K), (N*K,), (N*K,)
         full = _open(fin.score).sum(dim=1) >= K  # (N,)
@@ -295,6 +288,21 @@ def beam_search(
         hist[:, t] = tokens
         state.reorder(flat, sentences=keep, beam=K)  # step 0: B → N*K rows; later: beams move
     return results
+
+
+def _candidates(lp: Tensor, scores: Tensor, K: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The best min(2K, k*V) continuations of each sentence, at least K (closed slots at -inf when
+    the vocabulary is smaller than the beam at step 0). lp (N*k, V) this step's log-probs, scores
+    (N, k) the open beams' → scores, beams and tokens, each (N, >= K). Adds `scores` into `lp`
+    in place (one (R, V) buffer less per step)."""
+    (N, k), V = scores.shape, lp.size(1)
+    cand = lp.add_(scores.view(-1, 1)).view(N, k * V)  # (N, k*V)
+    top_score, top_idx = cand.topk(min(2 * K, k * V), dim=1)  # (N, 2K)
+    if top_score.size(1) < K:
+        fill = K - top_score.size(1)
+        top_score = torch.cat([top_score, top_score.new_full((N, fill), NEG_INF)], dim=1)
+        top_idx = torch.cat([top_idx, top_idx.new_full((N, fill), PAD_ID)], dim=1)  # beam 0, token PAD
+    return top_score, top_idx // V, top_idx % V
 
 
 def _finish_eos(

@@ -48,7 +48,7 @@ import html
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from nmt.errors import NmtError
 from nmt.serve.batcher import Decoding, Hypotheses
+from nmt.serve.requests import read_body
 
 NAMES = {"zh": "Chinese", "en": "English"}
 LANGUAGES = [{"code": "zh", "name": "Chinese", "targets": ["en"]}, {"code": "en", "name": "English", "targets": []}]
@@ -199,12 +200,12 @@ def _distinct(texts: list[str], best: str) -> list[str]:
 
 class LibreTranslate:
     """The LibreTranslate routes over `service` (an `nmt.serve.app.Service`: its batcher, default
-    decoding and limits; not imported, that module imports this one); `read_body(request, limit)`
-    reads a body of at most `limit` bytes (nmt.serve.app.read_body). Errors are raised as Starlette's
-    HTTPException, which the app answers as `{"error": detail}`."""
+    decoding and limits; not imported, that module imports this one); bodies are read as the app
+    reads its own (`nmt.serve.requests.read_body`). Errors are raised as Starlette's HTTPException,
+    which the app answers as `{"error": detail}`."""
 
-    def __init__(self, service: Any, access: LibreAccess, read_body: Callable[..., Awaitable[bytes]]) -> None:
-        self.service, self.access, self.read_body = service, access, read_body
+    def __init__(self, service: Any, access: LibreAccess) -> None:
+        self.service, self.access = service, access
         self.limiter = RateLimiter(access.req_limit)
 
     async def fields(self, request: Request, body: bytes) -> dict[str, Any] | None:
@@ -325,7 +326,9 @@ class LibreTranslate:
             ("/translate_file", self.translate_file, ["POST"]),
             ("/suggest", self.suggest, ["POST"]),
         ):
-            app.add_api_route(path, endpoint, methods=methods, tags=["libretranslate"])
+            for method in methods:  # a route per method: each its own OpenAPI operation id
+                name = f"libretranslate_{endpoint.__name__}_{method.lower()}"
+                app.add_api_route(path, endpoint, methods=[method], tags=["libretranslate"], operation_id=name)
 
     async def languages(self) -> list[dict[str, Any]]:
         """The languages and their targets: zh → en."""
@@ -333,7 +336,7 @@ class LibreTranslate:
 
     async def detect_language(self, request: Request) -> list[dict[str, Any]]:
         """The language of q: zh or en, by the share of Han characters."""
-        fields = await self.fields(request, await self.read_body(request, self.service.limits.max_body_bytes))
+        fields = await self.fields(request, await read_body(request, self.service.limits.max_body_bytes))
         if fields is None:
             raise HTTPException(400, "Invalid JSON format")
         self.guard(request, fields)

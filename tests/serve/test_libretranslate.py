@@ -261,6 +261,19 @@ def test_detect_languages_and_frontend_settings(client):
     }
 
 
+def test_every_route_has_its_own_openapi_operation(client):
+    """/languages answers GET and POST: one operation id each, so the OpenAPI page and generated
+    clients keep both (FastAPI warns and one shadows the other when two share an id)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        spec = client.get("/openapi.json").json()
+    ids = [op["operationId"] for path in spec["paths"].values() for op in path.values()]
+    assert len(ids) == len(set(ids))
+    assert {"get", "post"} <= set(spec["paths"]["/languages"])
+
+
 def test_file_translation_and_suggestions_are_disabled(client):
     r = client.post("/translate_file", files={"file": ("a.txt", b"\xe4\xbd\xa0\xe5\xa5\xbd")}, data=ZH_EN)
     assert (r.status_code, r.json()) == (403, {"error": "Files translation are disabled on this server."})

@@ -138,13 +138,18 @@ def step_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None) 
     math for the cross-attention of beams on a CPU once there are `QUERY_BLOCKS_FOR_MATH` blocks
     of Tq > 1 queries: the fused CPU kernel tiles the queries of each block for long query runs,
     and with a few beams per block most of each tile is idle work."""
-    blocks = q.numel() // (q.size(-1) * q.size(-2))  # batch × heads
-    if q.size(-2) > 1 and blocks >= QUERY_BLOCKS_FOR_MATH and q.device.type == "cpu":
-        return _step_math(q, k, v, bias)
+    if step_kernel(q) == "math":
+        return step_attention_math(q, k, v, bias)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
 
-def _step_math(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+def step_kernel(q: Tensor) -> str:
+    """Which kernel `step_attention` runs for the queries q (..., Tq, dk): "fused" or "math"."""
+    blocks = q.numel() // (q.size(-1) * q.size(-2))  # batch × heads
+    return "math" if q.size(-2) > 1 and blocks >= QUERY_BLOCKS_FOR_MATH and q.device.type == "cpu" else "fused"
+
+
+def step_attention_math(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None) -> Tensor:
     """`step_attention` written out: scores and softmax in fp32, as the fused kernel keeps them."""
     scores = torch.matmul(q, k.transpose(-2, -1)).float().mul_(q.size(-1) ** -0.5)  # (..., Tq, S)
     if bias is not None:

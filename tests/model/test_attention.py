@@ -447,3 +447,26 @@ def test_step_attention_writes_the_math_out_for_many_blocks_of_beams(monkeypatch
     for beams, n in ((5, blocks), (5, blocks - 1), (1, blocks)):
         attention.step_attention(torch.randn(n, 1, beams, 8), k[:n], v[:n])
     assert fused == [torch.Size([blocks - 1, 1, 5, 8]), torch.Size([blocks, 1, 1, 8])]
+
+
+def test_the_step_attention_benchmark_prints_both_kernels_and_the_choice(monkeypatch, capsys):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_step_attention.py"
+    spec = importlib.util.spec_from_file_location("bench_step_attention", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(bench, "CROSS", [(1, 5, 3), (16, 5, 3)])
+    monkeypatch.setattr(bench, "SELF", [(2, 3)])
+    monkeypatch.setattr(sys, "argv", ["bench", "--repeats", "1", "--threads", "1", "--head-dim", "8"])
+    bench.main()
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split(" | ") for line in lines if line.startswith(("| cross", "| self"))]
+    assert [(r[1], r[2], r[-1]) for r in rows] == [
+        ("1 sentences × beam 5, 3 keys", "4", "fused |"),
+        ("16 sentences × beam 5, 3 keys", "64", "math |"),
+        ("2 rows, 3 cached", "8", "fused |"),
+    ]
+    assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in rows)

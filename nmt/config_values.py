@@ -38,18 +38,7 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            if dataclasses.is_dataclass(arg) and isinstance(value, dict):
-                return _coerce(value, arg, key, source)  # its own errors name the nested key
-            try:
-                return _coerce(value, arg, key, source)
-            except ConfigError:
-                continue
-        raise _type_error(value, hint, key, source)
+        return _coerce_union(value, hint, key, source)
     if origin is Literal:
         if value not in args:
             choices = [str(a) for a in args]
@@ -70,6 +59,28 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
         if not isinstance(value, dict):
             raise _type_error(value, hint, key, source)
         return build_section(hint, value, key, source)
+    return _coerce_scalar(value, hint, key, source)
+
+
+def _coerce_union(value: Any, hint: Any, key: str, source: str) -> Any:
+    """The first member of the union `hint` that `value` passes (None for an Optional's None)."""
+    args = typing.get_args(hint)
+    if value is None and type(None) in args:
+        return None
+    for arg in args:
+        if arg is type(None):
+            continue
+        if dataclasses.is_dataclass(arg) and isinstance(value, dict):
+            return _coerce(value, arg, key, source)  # its own errors name the nested key
+        try:
+            return _coerce(value, arg, key, source)
+        except ConfigError:
+            continue
+    raise _type_error(value, hint, key, source)
+
+
+def _coerce_scalar(value: Any, hint: Any, key: str, source: str) -> Any:
+    """bool, int, float (also from "5e-3", which YAML 1.1 reads as a string) or str."""
     if hint is bool:
         if not isinstance(value, bool):
             raise _type_error(value, hint, key, source)

@@ -242,7 +242,6 @@ def evaluate_run(
     if name is None:
         name = _report_name(split if src is None else external_name(src_path), beam, config, opts)
     hyps, result = _decode_and_score(translator, src_lines, ref_lines, code_list, beam, job.ter)
-    d = config_to_dict(config)["decode"]
     report: dict[str, Any] = {
         "name": name,
         "split": split if src is None else None,
@@ -250,16 +249,7 @@ def evaluate_run(
         "ref": str(ref_path),
         "codes": str(codes_path) if code_list is not None else None,
         "checkpoint": str(translator.checkpoint) if translator.checkpoint else None,
-        "decode": {
-            **d,
-            "beam": beam,
-            "nbest": 1,
-            "device": str(translator.device),
-            "precision": translator.precision,
-            "engine": translator.engine.name,
-            "sampling": dataclasses.asdict(opts.sampling) if opts.sampling is not None else None,
-            "ensemble": [str(p) for p in opts.ensemble],
-        },
+        "decode": _decoding(config, beam, translator, opts),
         **result,
     }
     out_dir = run_dir / "eval"
@@ -273,6 +263,21 @@ def evaluate_run(
     if not quiet:
         print_report(report)
     return report
+
+
+def _decoding(config: Config, beam: int, translator: Any, opts: InferenceOptions) -> dict[str, Any]:
+    """The report's "decode" entry: the run's decode settings as this evaluation used them, and
+    what decoded (device, precision, engine, sampling, ensemble)."""
+    return {
+        **config_to_dict(config)["decode"],
+        "beam": beam,
+        "nbest": 1,
+        "device": str(translator.device),
+        "precision": translator.precision,
+        "engine": translator.engine.name,
+        "sampling": dataclasses.asdict(opts.sampling) if opts.sampling is not None else None,
+        "ensemble": [str(p) for p in opts.ensemble],
+    }
 
 
 def _report_name(base: str, beam: int, config: Config, opts: InferenceOptions) -> str:

@@ -253,15 +253,21 @@ def create_app(service: Service, access: LibreAccess | None = None) -> FastAPI:
         req = parse(AttentionRequest, await read_json(request, service.limits.max_body_bytes))
         return await service.attention(req)
 
+    _add_run_routes(app, service.run_dir)
+    return app
+
+
+def _add_run_routes(app: FastAPI, run_dir: Path) -> None:
+    """What the page draws of the run: its training curves and eval reports. Plain `def`s: the
+    files are read in FastAPI's thread pool, not on the event loop."""
+
     @app.get("/run/curves")
-    def curves() -> dict[str, Any]:  # plain def: file reading runs in FastAPI's thread pool
-        return curves_to_json(read_curves(service.run_dir))
+    def curves() -> dict[str, Any]:
+        return curves_to_json(read_curves(run_dir))
 
     @app.get("/run/evals")
     def evals() -> list[dict[str, Any]]:
-        return [eval_summary(r) for r in read_eval_reports(service.run_dir)]
-
-    return app
+        return [eval_summary(r) for r in read_eval_reports(run_dir)]
 
 
 def _add_error_handlers(app: FastAPI) -> None:

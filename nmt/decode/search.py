@@ -35,7 +35,8 @@ drop copies the caches and an ended row costs only its share of the step.
 Beam search runs step 0 once per sentence (all beams start from BOS) and expands to
 sentences × beams with the first reorder; steps that only move beams leave the source side of
 the state alone. Greedy search takes the argmax of the logits (log-softmax does not change it).
-Results do not depend on the other sentences in the batch.
+Results do not depend on the other sentences in the batch, up to floating-point rounding: some
+kernels are chosen by the step's shape (one row or many, `nmt.model.attention.step_kernel`).
 """
 
 from __future__ import annotations

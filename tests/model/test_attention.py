@@ -470,3 +470,10 @@ def test_the_step_attention_benchmark_prints_both_kernels_and_the_choice(monkeyp
         ("2 rows, 3 cached", "8", "fused |"),
     ]
     assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in rows)
+
+
+def test_the_written_out_step_is_a_cpu_rule_only():
+    """On CUDA (here: any non-CPU device, shapes only) the fused kernel serves every shape."""
+    beams = (attention.QUERY_BLOCKS_FOR_MATH, 1, 5, 8)
+    assert attention.step_kernel(torch.empty(beams)) == "math"
+    assert attention.step_kernel(torch.empty(beams, device="meta")) == "fused"

@@ -7,11 +7,13 @@ Every fixture here works without the real data mirror. `shared_data` gives the r
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
+from learning import TEST_SEED
 
 from nmt.config import Config, load_config
 
@@ -81,8 +83,25 @@ def _mark_slow(items) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+KIND_GROUPS = ("learning", "invariance", "precision", "int8")  # scripts/test_kinds.py runs these per CPU kind
+
+
+def pytest_runtest_logreport(report):
+    """With NMT_KINDS_REPORT set (scripts/test_kinds.py), one JSON line per test: its groups and outcome."""
+    path = os.environ.get("NMT_KINDS_REPORT")
+    if not path or not (report.when == "call" or report.outcome == "failed" or report.skipped):
+        return
+    groups = _REPORT_GROUPS.get(report.nodeid, [])
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"nodeid": report.nodeid, "groups": groups, "outcome": report.outcome}) + "\n")
+
+
+_REPORT_GROUPS: dict[str, list[str]] = {}
+
+
 def pytest_collection_modifyitems(config, items):
     _mark_slow(items)
+    _REPORT_GROUPS.update({i.nodeid: [g for g in KIND_GROUPS if g in i.keywords] for i in items})
     if not has_real_mirror():  # extra checks on the real data: not run (rather than skipped) without it
         real = [i for i in items if "real_data" in i.keywords or "shared_data" in getattr(i, "fixturenames", ())]
         if real:
@@ -115,6 +134,7 @@ TINY_LEARNS = [
     "train.eval_every=100",
     "train.threads=1",
     "vocab.tgt_size=128",  # what the generated English supports
+    f"train.seed={TEST_SEED}",
 ]
 
 

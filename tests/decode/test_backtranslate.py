@@ -7,6 +7,7 @@ import json
 
 import pytest
 from conftest import ROOT, TINY_LEARNS
+from learning import assert_learned
 from synthetic import pairs
 
 from nmt.config import load_config
@@ -123,6 +124,7 @@ def test_cli_backtranslate_with_sampling(reverse_run, mono, tmp_path):
     assert missing.exit_code == 1 and "monolingual text not found" in missing.stderr
 
 
+@pytest.mark.learning
 def test_a_forward_run_trains_on_real_and_tagged_synthetic_pairs(reverse_run, mono, mini_mirror, tmp_path):
     """data.backtranslation: synthetic pairs appended to train (tagged, cleaned, real pairs
     upsampled), valid/test untouched, the tag one piece of the source vocabulary only, and never
@@ -156,4 +158,4 @@ def test_a_forward_run_trains_on_real_and_tagged_synthetic_pairs(reverse_run, mo
     lines = (run / "corpus" / "test.zh").read_text(encoding="utf-8").splitlines()[:20]
     out = Translator.from_run(run, device="cpu", precision="fp32").translate(lines, beam=2)
     assert not any("BT" in o or "⦅" in o for o in out)
-    assert result["eval"]["bleu"] > 20  # real + synthetic still learns the task
+    assert_learned("backtranslation/test_bleu", result["eval"]["bleu"], 20)  # real + synthetic still learns the task

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from learning import TEST_SEED, assert_learned
 from torch import nn
 
 from nmt import PAD_ID
@@ -234,16 +235,21 @@ def test_clipping_bounds_the_update():
 # --------------------------------------------------------------------------- end to end (synthetic)
 
 
+@pytest.mark.learning
 def test_copy_task_reaches_high_bleu(tmp_path):
+    """The cosine schedule anneals to min_lr by the last step, so the last evaluation is of a settled
+    model: at a constant 5e-3 the BLEU of one evaluation swung between 83 and 98 from one kernel set
+    to another (an Intel Xeon with AMX against AMD EPYC). Bound: the spread in docs/BENCHMARKS.md."""
     run = tmp_path / "copy"
     synthetic_run(run, "copy", n_train=4000, n_valid=200)
     config = synth_config(
-        "train.lr=0.005", "train.warmup=50", "train.label_smoothing=0.0", "train.max_steps=220",
-        "train.eval_every=110", "train.eval_sentences=200", "train.log_every=20",
+        "train.lr=0.005", "train.warmup=50", "train.schedule=cosine", "train.min_lr=1e-4", "train.max_steps=220",
+        "train.label_smoothing=0.0", "train.eval_every=110", "train.eval_sentences=200", "train.log_every=20",
+        f"train.seed={TEST_SEED}",
     )  # fmt: skip
     summary = fit(config, run)
     assert summary["steps"] == 220 and summary["stopped"] == "max_steps"
-    assert summary["best_bleu"] > 95, summary
+    assert_learned("copy/best_bleu", summary["best_bleu"], 95)
     assert summary["tokens_per_s"] > 0
     log = (run / "train.log").read_text()
     assert "valid step 220" in log and "sample 3" in log and "padding_waste" in log
@@ -389,6 +395,8 @@ def test_sigkill_mid_run_then_resume(tmp_path):
     assert f"resumed from {d / f'step_{last}.safetensors'}" in (run / "train.log").read_text()
 
 
+@pytest.mark.learning
+@pytest.mark.precision
 def test_bf16_and_fp32_reach_similar_loss(tmp_path):
     losses = {}
     for precision in ("fp32", "bf16"):
@@ -398,16 +406,18 @@ def test_bf16_and_fp32_reach_similar_loss(tmp_path):
         config = synth_config(
             "train.max_steps=40", "train.lr=0.005", "train.warmup=20", "train.eval_every=40", "train.max_tokens=512",
             "train.label_smoothing=0.0", "train.eval_sentences=8", f"train.precision={precision}",
+            f"train.seed={TEST_SEED}",
         )  # fmt: skip
         fit(config, run, on_step=steps)
         losses[precision] = float(np.mean(steps.losses[-10:]))
-    assert losses["fp32"] < 2.5  # it learned something (uniform over 20 ids: ln 20 ≈ 3.0)
-    assert abs(losses["bf16"] - losses["fp32"]) < 0.1 * losses["fp32"], losses
+    assert_learned("bf16-loss/fp32_loss", losses["fp32"], 2.5, above=False)  # uniform over 20 ids: ln 20 ≈ 3.0
+    assert_learned("bf16-loss/relative_gap", abs(losses["bf16"] - losses["fp32"]) / losses["fp32"], 0.1, above=False)
 
 
 # --------------------------------------------------------------------------- real data
 
 
+@pytest.mark.learning
 def test_overfits_32_validation_pairs(tmp_path, any_mirror):
     from nmt.data.corpus import prepare_corpus
     from nmt.data.encoded import ParallelSplit
@@ -422,6 +432,7 @@ def test_overfits_32_validation_pairs(tmp_path, any_mirror):
         "train.threads=1", "train.label_smoothing=0.0", "train.lr=0.003", "train.warmup=20", "train.max_steps=150",
         "train.eval_every=150", "train.eval_sentences=32", "train.log_every=25",
         "decode.max_len_b=40",  # tiny vocabularies spell short sources in many target pieces
+        f"train.seed={TEST_SEED}",
     ])  # fmt: skip
     prepare_corpus(config, run, mirror=str(any_mirror))
     build_vocab(config, run)
@@ -436,8 +447,8 @@ def test_overfits_32_validation_pairs(tmp_path, any_mirror):
 
     steps = Collect()
     summary = fit(config, run, on_step=steps)
-    assert np.mean(steps.losses[-5:]) < 0.05, steps.losses[-5:]
-    assert summary["valid_bleu"] > 90, summary
+    assert_learned("overfit-32/final_loss", float(np.mean(steps.losses[-5:])), 0.05, above=False)
+    assert_learned("overfit-32/valid_bleu", summary["valid_bleu"], 90)
     tensors, saved = ckpt.load_weights(Path(summary["checkpoint"]))
     src_tok, tgt_tok = load_tokenizers(run, saved)
     model = build_model(saved, src_tok.vocab_size, tgt_tok.vocab_size)
@@ -445,7 +456,7 @@ def test_overfits_32_validation_pairs(tmp_path, any_mirror):
     validator = Validator(saved, run, ParallelSplit.open(run, "valid", saved), torch.device("cpu"), tgt_tok)
     hyps = validator.translate(model)
     exact = sum(h == r for h, r in zip(hyps, validator.refs, strict=True))
-    assert exact >= 28, list(zip(hyps, validator.refs, strict=True))
+    assert_learned("overfit-32/exact_of_32", exact, 27.5)
 
 
 class FakeClock:

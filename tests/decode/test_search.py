@@ -159,6 +159,7 @@ def test_nbest_sorted_and_distinct():
             assert EOS_ID not in h.tokens and BOS_ID not in h.tokens and PAD_ID not in h.tokens
 
 
+@pytest.mark.invariance
 def test_toy_batch_invariance():
     model = ToyModel(12, random_fn(12))
     together_g = greedy_search(model, batch(*SOURCES))
@@ -281,6 +282,7 @@ def _sequence_logprob(model, src: list[int], tokens: list[int]) -> float:
 REAL_SOURCES = [[5, 9, 12], [7, 4, 4, 18, 6, 11], [13, 5], [8, 8, 9, 10, 15], [19, 4, 6, 7]]
 
 
+@pytest.mark.invariance
 def test_beam_one_equals_greedy_on_transformer(trained_transformer):
     for model in (_tiny_transformer(seed=3).eval(), trained_transformer):
         src = batch(*REAL_SOURCES)
@@ -319,6 +321,7 @@ def test_beam_scores_at_least_greedy(trained_transformer, len_penalty):
     assert sum(m >= -1e-4 for m in margins) >= 9  # a broken search loses on most
 
 
+@pytest.mark.invariance
 @pytest.mark.parametrize("trained", [False, True])
 def test_transformer_batch_invariance(trained_transformer, trained):
     model = trained_transformer if trained else _tiny_transformer(seed=5).eval()
@@ -332,6 +335,7 @@ def test_transformer_batch_invariance(trained_transformer, trained):
         assert [h.score for h in alone] == pytest.approx([h.score for h in b_all[i]], abs=1e-4)
 
 
+@pytest.mark.invariance
 def test_batch_invariance_with_encoder_length_groups(trained_transformer, monkeypatch):
     """A batch mixing long and short sources is encoded in length groups (`encode_by_length`);
     each sentence still decodes exactly as it does alone."""
@@ -349,6 +353,43 @@ def test_batch_invariance_with_encoder_length_groups(trained_transformer, monkey
         alone = beam_search(trained_transformer, batch(s), beam=3, nbest=2)[0]
         assert [h.tokens for h in alone] == [h.tokens for h in b_all[i]]
         assert [h.score for h in alone] == pytest.approx([h.score for h in b_all[i]], abs=1e-4)
+
+
+TIE = 1e-3  # a score margin below this between the best two hypotheses is a tie that rounding may flip
+
+
+@pytest.mark.invariance
+@pytest.mark.parametrize("trained", [False, True])
+def test_batch_invariance_across_the_step_kernel_switch(trained_transformer, trained, monkeypatch):
+    """A batch of enough sentences that the beams' cross-attention runs the written-out kernel
+    (`QUERY_BLOCKS_FOR_MATH` (sentence × head) blocks) decodes as each sentence alone, which runs
+    the fused one: every score equal to 1e-4, and the same best tokens wherever the best two
+    hypotheses are more than `TIE` apart (below that, the kernels' rounding may order a tie
+    either way)."""
+    from nmt.model import attention
+
+    model = trained_transformer if trained else _tiny_transformer(seed=5).eval()
+    heads = model.cfg.heads
+    kernels: list[str] = []
+    choose = attention.step_kernel
+    monkeypatch.setattr(attention, "step_kernel", lambda q: kernels.append(choose(q)) or kernels[-1])
+    gen = torch.Generator().manual_seed(21)
+    n = attention.QUERY_BLOCKS_FOR_MATH // heads + 4
+    sources = [
+        torch.randint(4, 20, (int(torch.randint(2, 8, (1,), generator=gen)),), generator=gen).tolist() for _ in range(n)
+    ]
+    together = beam_search(model, batch(*sources), beam=3, nbest=3)
+    assert "math" in kernels, "the batch never reached the written-out kernel"
+    decided = 0
+    for i, s in enumerate(sources):
+        kernels.clear()
+        alone = beam_search(model, batch(s), beam=3, nbest=3)[0]
+        assert "math" not in kernels
+        assert [h.score for h in alone] == pytest.approx([h.score for h in together[i]], abs=1e-4)
+        if alone[0].score - alone[1].score > TIE:
+            decided += 1
+            assert alone[0].tokens == together[i][0].tokens, f"sentence {i}"
+    assert decided >= n // 2, "too many ties: the test would prove little"
 
 
 def test_transformer_respects_max_positions():
@@ -398,6 +439,7 @@ class Uncached:
         return self.model(state.src, state.prefix)[:, -1].float()  # (R, V)
 
 
+@pytest.mark.invariance
 @pytest.mark.parametrize("trained", [False, True])
 def test_cached_search_equals_the_plain_path(trained_transformer, trained):
     """The fast decoder (preallocated cache, beams sharing their sentence's source, in-place
@@ -413,6 +455,7 @@ def test_cached_search_equals_the_plain_path(trained_transformer, trained):
             assert [h.score for h in f_row] == pytest.approx([h.score for h in r_row], abs=1e-4)
 
 
+@pytest.mark.invariance
 @pytest.mark.parametrize("batch", [1, 3, 16])
 def test_converted_fp32_search_equals_the_plain_path(trained_transformer, batch):
     """The decoding model as the native engine runs it in fp32 (packed linear layers, one-row
@@ -436,6 +479,8 @@ def test_converted_fp32_search_equals_the_plain_path(trained_transformer, batch)
                 assert [h.score for h in g_row] == pytest.approx([h.score for h in w_row], abs=1e-4)
 
 
+@pytest.mark.precision
+@pytest.mark.int8
 def test_decoding_precisions_on_the_trained_transformer(trained_transformer):
     """Packed fp32 finds exactly what the plain model finds; bf16 and int8 (weights converted
     once by the native engine) mostly agree with it and still solve the task."""

@@ -52,6 +52,7 @@ CASES = {
 }
 
 
+@pytest.mark.invariance
 @pytest.mark.parametrize("case", list(CASES))
 def test_math_and_sdpa_agree_on_outputs_and_gradients(case):
     spec = CASES[case]
@@ -409,6 +410,7 @@ def test_installed_torch_varlen_signature_is_known():
     assert attention.varlen_kernel() is not None
 
 
+@pytest.mark.invariance
 @pytest.mark.parametrize("sentences", [3, 16])  # 12 and 64 (sentence × head) blocks: both kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("keys", [1, 5, 16, 40])

@@ -72,6 +72,7 @@ def _steps_agree(model: Transformer, src: torch.Tensor, steps: int = 6, beam: in
                 tokens = tokens[rows]
 
 
+@pytest.mark.invariance
 @pytest.mark.parametrize("batch", [1, 3, 16])
 @pytest.mark.parametrize("beam", [1, 4])
 def test_fast_step_equals_the_reference_step_bit_for_bit(batch, beam):
@@ -80,6 +81,8 @@ def test_fast_step_equals_the_reference_step_bit_for_bit(batch, beam):
     _steps_agree(_converted(model, "fp32"), _sources(batch, seed=2), beam=beam)  # packed / one-row layers
 
 
+@pytest.mark.precision
+@pytest.mark.int8
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
 def test_fast_step_equals_the_reference_step_in_other_precisions(precision):
     from nmt.device import cpu_precisions
@@ -100,6 +103,7 @@ def test_learned_positions_and_an_untied_output_projection():
     _steps_agree(model, _sources(4), beam=2)
 
 
+@pytest.mark.invariance
 def test_searches_find_the_same_tokens_and_scores():
     model = _converted(_model(seed=4), "fp32")
     fast = FastDecoder(model)
@@ -112,6 +116,7 @@ def test_searches_find_the_same_tokens_and_scores():
         ]
 
 
+@pytest.mark.invariance
 def test_an_ensemble_steps_through_its_members_fast_decoders_with_the_same_result():
     from nmt.model.ensemble import Ensemble
 

@@ -117,6 +117,7 @@ def test_a_placeholder_column_is_labelled_with_the_span_it_stands_for(tiny_run):
     assert any("2024" in label for label in amap.source) and any("iPhone" in label for label in amap.source)
 
 
+@pytest.mark.int8
 def test_maps_of_an_int8_model_match_the_float_model(model):
     """int8 swaps nn.Linear for `Int8Linear` (no float weight to read): maps go through the layers."""
     import copy

@@ -235,19 +235,34 @@ def test_clipping_bounds_the_update():
 # --------------------------------------------------------------------------- end to end (synthetic)
 
 
-@pytest.mark.learning
-def test_copy_task_reaches_high_bleu(tmp_path):
-    """The cosine schedule anneals to min_lr by the last step, so the last evaluation is of a settled
-    model: at a constant 5e-3 the BLEU of one evaluation swung between 83 and 98 from one kernel set
-    to another (an Intel Xeon with AMX against AMD EPYC). Bound: the spread in docs/BENCHMARKS.md."""
-    run = tmp_path / "copy"
+def copy_task(run: Path, precision: str) -> dict:
+    """Train the copy task (4,000 pairs, 220 updates) in `precision` into `run`; the summary. The
+    cosine schedule anneals to min_lr by the last step, so the last evaluation is of a settled model:
+    at a constant 5e-3 the BLEU of one evaluation swung between 83 and 98 from one kernel set to
+    another (an Intel Xeon with AMX against AMD EPYC)."""
     synthetic_run(run, "copy", n_train=4000, n_valid=200)
     config = synth_config(
         "train.lr=0.005", "train.warmup=50", "train.schedule=cosine", "train.min_lr=1e-4", "train.max_steps=220",
         "train.label_smoothing=0.0", "train.eval_every=110", "train.eval_sentences=200", "train.log_every=20",
-        f"train.seed={TEST_SEED}",
+        f"train.seed={TEST_SEED}", f"train.precision={precision}",
     )  # fmt: skip
-    summary = fit(config, run)
+    return fit(config, run)
+
+
+@pytest.fixture(scope="module")
+def copy_runs(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
+    """The copy task trained in fp32 and in bf16 (where this CPU runs bf16 matmuls at all): run, summary."""
+    from nmt import host
+
+    precisions = ["fp32", "bf16"] if host.current().has("matmul-bf16") else ["fp32"]
+    runs = {p: tmp_path_factory.mktemp("copy") / p for p in precisions}
+    return {p: (run, copy_task(run, p)) for p, run in runs.items()}
+
+
+@pytest.mark.learning
+def test_copy_task_reaches_high_bleu(copy_runs):
+    """Bound: the spread over CPU kinds and seeds in docs/BENCHMARKS.md ("Learning tests on every CPU kind")."""
+    run, summary = copy_runs["fp32"]
     assert summary["steps"] == 220 and summary["stopped"] == "max_steps"
     assert_learned("copy/best_bleu", summary["best_bleu"], 95)
     assert summary["tokens_per_s"] > 0
@@ -397,21 +412,18 @@ def test_sigkill_mid_run_then_resume(tmp_path):
 
 @pytest.mark.learning
 @pytest.mark.precision
-def test_bf16_and_fp32_reach_similar_loss(tmp_path):
-    losses = {}
-    for precision in ("fp32", "bf16"):
-        run = tmp_path / precision
-        synthetic_run(run, "copy", n_train=600, n_valid=8)
-        steps = Collect()
-        config = synth_config(
-            "train.max_steps=40", "train.lr=0.005", "train.warmup=20", "train.eval_every=40", "train.max_tokens=512",
-            "train.label_smoothing=0.0", "train.eval_sentences=8", f"train.precision={precision}",
-            f"train.seed={TEST_SEED}",
-        )  # fmt: skip
-        fit(config, run, on_step=steps)
-        losses[precision] = float(np.mean(steps.losses[-10:]))
-    assert_learned("bf16-loss/fp32_loss", losses["fp32"], 2.5, above=False)  # uniform over 20 ids: ln 20 ≈ 3.0
-    assert_learned("bf16-loss/relative_gap", abs(losses["bf16"] - losses["fp32"]) / losses["fp32"], 0.1, above=False)
+def test_bf16_training_reaches_the_bleu_of_fp32(copy_runs):
+    """train.precision auto picks bf16 on every host with fast bf16 matmuls: the same task, seed and
+    updates trained under bf16 autocast reach fp32's BLEU within `BF16_MARGIN` (the spread over
+    kinds and seeds: docs/BENCHMARKS.md)."""
+    if "bf16" not in copy_runs:
+        pytest.skip("this CPU runs no bf16 matmul (nmt doctor: matmul-bf16)")
+    fp32, bf16 = copy_runs["fp32"][1]["best_bleu"], copy_runs["bf16"][1]["best_bleu"]
+    assert_learned("copy/bf16_bleu", bf16, 95)
+    assert_learned("copy/bf16_minus_fp32_bleu", bf16 - fp32, -BF16_MARGIN)
+
+
+BF16_MARGIN = 2.0  # BLEU points
 
 
 # --------------------------------------------------------------------------- real data

@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 MIRROR  ?= ../shared/data
 CONFIG  ?= configs/small.yaml
 
-.PHONY: setup test test-fast lint format demo demo-bt bench clean
+.PHONY: setup test test-fast test-kinds lint format demo demo-bt bench clean
 
 $(BIN)/nmt: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,11 @@ test: setup
 # The edit loop: everything but the tests marked slow (they train a model or start processes).
 test-fast: setup
 	$(BIN)/pytest -q -x -m "not slow"
+
+# The numerics-sensitive tests (learning, invariance, precision, int8) once under every kernel set this
+# CPU can be capped to (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, NMT_HOST_WITHOUT presets): a table of kind × group.
+test-kinds: setup
+	$(BIN)/python scripts/test_kinds.py
 
 lint: setup
 	$(BIN)/ruff check .

@@ -197,8 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     print_outcomes(results, groups)
     if len(seeds) > 1 or "learning" in groups:
         print_spread(results)
-    failed = any(o["outcome"] == "failed" for res in results.values() for o in res["outcomes"])
-    return 1 if failed else 0
+    counts = collections.Counter(o["outcome"] for res in results.values() for o in res["outcomes"])
+    print(f"test-kinds: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
+    return 1 if counts["failed"] else 0
 
 
 if __name__ == "__main__":

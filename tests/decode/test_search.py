@@ -257,17 +257,24 @@ def _reverse_batch(n: int, gen: torch.Generator, vocab: int = 20) -> tuple[torch
 
 @pytest.fixture(scope="module")
 def trained_transformer():
-    """A tiny Transformer trained briefly (a few seconds) to reverse its input."""
+    """A tiny Transformer trained briefly (a few seconds) to reverse its input: 400 updates, warm-up
+    then cosine decay from 1e-2, so that it ends settled whatever the seed and kernels (at a constant
+    3e-3 for 250 updates it solved 42-82 of 100 held-out sentences over six seeds)."""
     model = _tiny_transformer(seed=TEST_SEED)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    steps, warmup = 400, 30
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    decay = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: min(1.0, (i + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * i / steps))
+    )
     gen = torch.Generator().manual_seed(TEST_SEED)
     model.train()
-    for _ in range(250):
+    for _ in range(steps):
         src, tgt_in, tgt_out = _reverse_batch(32, gen)
         loss = torch.nn.functional.cross_entropy(model(src, tgt_in).transpose(1, 2), tgt_out, ignore_index=PAD_ID)
         opt.zero_grad()
         loss.backward()
         opt.step()
+        decay.step()
     return model.eval()
 
 
@@ -293,9 +300,12 @@ def test_beam_one_equals_greedy_on_transformer(trained_transformer):
 
 @pytest.mark.learning
 def test_trained_transformer_learned_the_task(trained_transformer):
-    """Guards the next tests: on a model that did not learn, they would prove little."""
-    out = greedy_search(trained_transformer, batch(*REAL_SOURCES))
-    assert_learned("reverse-250/solved_of_5", sum(o == s[::-1] for o, s in zip(out, REAL_SOURCES, strict=True)), 2.5)
+    """Guards the next tests: on a model that did not learn, they would prove little. The figure:
+    how many of 100 held-out sources it reverses exactly (greedy)."""
+    src, _, _ = _reverse_batch(100, torch.Generator().manual_seed(99))
+    rows = [[t for t in row if t not in (PAD_ID, EOS_ID)] for row in src.tolist()]
+    solved = sum(out == row[::-1] for out, row in zip(greedy_search(trained_transformer, src), rows, strict=True))
+    assert_learned("reverse-400/solved_of_100", solved, 75)
 
 
 @pytest.mark.parametrize("len_penalty", [0.0, 1.0])

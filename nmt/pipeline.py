@@ -7,7 +7,9 @@ Each stage is skipped when its stamp says it already ran on the same inputs, so 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -23,14 +25,10 @@ T = TypeVar("T")
 
 def run_pipeline(config: Config, run_dir: Path, mirror: str | None = None) -> dict:
     """Run every stage on `run_dir`; return {"stages": {stage: "ran"|"skipped"}, "eval": report}."""
-    from nmt.data.corpus import prepare_corpus
-    from nmt.data.vocab import build_vocab
+    from nmt.train.preflight import check_host
 
-    stages: dict[str, str] = {}
-    _log_stage("download")
-    stages["download"] = _ran(run_dir, "download", lambda: prepare_corpus(config, run_dir, mirror=mirror))
-    _log_stage("vocab")
-    stages["vocab"] = _ran(run_dir, "vocab", lambda: build_vocab(config, run_dir))
+    check_host(config)
+    stages = prepare_data(config, run_dir, mirror)
     _log_stage("train")
     stages["train"] = train_stage(config, run_dir)
     _log_stage("select")
@@ -40,6 +38,52 @@ def run_pipeline(config: Config, run_dir: Path, mirror: str | None = None) -> di
     _log_stage("export")
     stages["export"] = _after_training(run_dir, "export", lambda: export_stage(run_dir))
     return {"stages": stages, "eval": report}
+
+
+def prepare_data(config: Config, run_dir: Path, mirror: str | None = None) -> dict[str, str]:
+    """The stages before training, each skipped when its stamp is fresh: download (the cleaned
+    corpus) and vocab (the vocabularies, or train.init_from's copied, and the encoded corpus);
+    returns {stage: "ran"|"skipped"}."""
+    from nmt.data.corpus import prepare_corpus
+    from nmt.data.vocab import build_vocab
+
+    stages: dict[str, str] = {}
+    _log_stage("download")
+    stages["download"] = _ran(run_dir, "download", lambda: prepare_corpus(config, run_dir, mirror=mirror))
+    _log_stage("vocab")
+    stages["vocab"] = _ran(run_dir, "vocab", lambda: build_vocab(config, run_dir))
+    return stages
+
+
+def prepare_and_train(config: Config, run_dir: Path, *, restart: bool = False, mirror: str | None = None) -> dict:
+    """`nmt train`: check what the host must run, prepare what is missing, then train (or resume).
+    Under torchrun only rank 0 prepares (the run directory must be on storage every rank sees);
+    the other ranks wait for it (`_wait_for_rank_0`). Returns the training summary (empty on
+    ranks other than 0)."""
+    from nmt.train.distributed import env_info
+    from nmt.train.loop import train
+    from nmt.train.preflight import check_host
+    from nmt.train.resume import check_init
+
+    check_host(config)
+    if config.train.init_from:
+        check_init(config)  # direction and shape, before copying vocabularies and encoding
+    marker = run_dir / f".prepared-{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}"
+    if env_info().is_main:
+        prepare_data(config, run_dir, mirror)
+        if env_info().world_size > 1:
+            marker.touch()
+    else:
+        _wait_for_rank_0(marker)
+    _log_stage("train")
+    return train(config, run_dir, restart=restart)
+
+
+def _wait_for_rank_0(marker: Path, poll: float = 2.0) -> None:
+    """Block until rank 0 has prepared the data (it touches `marker`, named after torchrun's run
+    id, so a marker of an earlier launch does not count); no timeout: preparing WMT takes long."""
+    while not marker.exists():
+        time.sleep(poll)
 
 
 def _after_training(run_dir: Path, stage: str, fn: Callable[[], T]) -> T:

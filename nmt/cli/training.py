@@ -47,6 +47,7 @@ def train(
     run: RunOpt = None,
     restart: Annotated[bool, typer.Option("--restart", help="Delete checkpoints and start over.")] = False,
     nproc: Annotated[int, typer.Option("--nproc", help="Processes on this machine (DDP via torchrun).")] = 1,
+    mirror: MirrorOpt = None,
     init_from: Annotated[
         Path | None,
         typer.Option(
@@ -56,23 +57,17 @@ def train(
         ),
     ] = None,
 ) -> None:
-    """Train (or resume) the model of a run. Resumes from the last checkpoint unless --restart."""
+    """Train (or resume) the model of a run, preparing the corpus and vocabularies first where they are
+    missing (finished stages are skipped). Resumes from the last checkpoint unless --restart."""
     if nproc > 1 and "LOCAL_RANK" not in os.environ:
         from nmt.train.distributed import launch_with_torchrun
 
         raise typer.Exit(launch_with_torchrun(nproc, sys.argv[1:]))
     set_ = [*(set_ or []), f"train.init_from={init_from}"] if init_from is not None else set_
     cfg, run_dir = setup_run(config, set_, run)
-    from nmt.train.loop import train as train_run
+    from nmt.pipeline import prepare_and_train
 
-    if cfg.train.init_from:
-        from nmt.data.vocab import build_vocab
-        from nmt.train.resume import check_init
-
-        check_init(cfg)  # direction and shape, before copying vocabularies and encoding
-        build_vocab(cfg, run_dir)  # copies the source run's vocabularies and encodes with them (once)
-
-    summary = train_run(cfg, run_dir, restart=restart)
+    summary = prepare_and_train(cfg, run_dir, restart=restart, mirror=mirror)
     if summary:
         typer.echo(format_summary(summary))
 

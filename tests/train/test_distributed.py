@@ -56,7 +56,7 @@ def test_more_processes_than_gpus_is_a_one_line_error(monkeypatch):
 SCRIPT = """
 import json, os, sys
 from pathlib import Path
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, str(Path({tests!r}).parent)]  # test_train, and the learning helper it imports
 import torch
 from nmt.train import distributed as dist
 from test_train import Collect, synth_config

@@ -375,7 +375,7 @@ def test_stopping_rules(tmp_path, monkeypatch):
 KILL_SCRIPT = """
 import sys
 from pathlib import Path
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, str(Path({tests!r}).parent)]  # test_train, and the learning helper it imports
 from test_train import resume_config
 from nmt.train.loop import train
 train(resume_config(100000, "train.eval_every=4"), Path({run!r}))

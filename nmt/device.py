@@ -11,14 +11,17 @@ Precision policy (weights and optimizer state always stay fp32):
   trains, with one warning line.
 
 Decoding converts the model itself instead of autocasting (`nmt.model.convert`). ``auto`` for decoding
-is the precision whose timed probe — the model's own FFN shape, each precision this host runs,
-int8 on its fastest kernel — runs fastest on this machine (`decode_times`).
+is fp32 (`REFERENCE`), the output every command shares; bf16 and int8 are used when asked for.
+Timed probes (`decode_times`: the model's own FFN shape, each precision this host runs, int8 on
+its fastest kernel) rank them for `nmt doctor`, pick the int8 kernel and warn about an explicit
+precision far slower than fp32 here.
 
 Every kernel that depends on the CPU (oneDNN packing, bf16, the int8 kernels) is used only where
-`nmt.host` found that it runs; ``auto`` picks among those, an explicit precision that cannot run
-here is one error line, and one that runs far slower than fp32 here is one warning line.
+`nmt.host` found that it runs; an explicit precision that cannot run here is one error line.
 Measurements ("probes", `nmt.host.probe`) are cached per process and on disk, keyed by the CPU
-and the kernels it runs, so that a choice is stable across processes on one machine.
+and the kernels it runs and stamped with the versions that change them, so that a choice is
+stable across processes on one machine; a measurement no kernel can produce (a ratio beyond
+`MAX_SPEEDUP`, repeats that disagree beyond `NOISY`: a busy machine) is measured again.
 """
 
 from __future__ import annotations

@@ -27,7 +27,12 @@ of kernel names or of the presets in `PRESETS`, e.g. ``NMT_HOST_WITHOUT=avx2-onl
 child processes inherit; `forget()` drops the cached detection after the variable changes.
 `nmt doctor` prints the table.
 
-Measurements of what runs fastest here (`probe`) live here too, keyed by the host's fingerprint.
+Measurements of what runs fastest here (`probe`) live here too, keyed by the host's fingerprint
+and stamped with what else changes them (`stamp`: torch and CTranslate2 versions, the variables
+that choose kernels, the file's layout). A stale or malformed entry is measured again, and so is
+a fresh measurement that its caller's check rejects (a busy machine: `interleaved_times` and
+`spread` give the caller what to judge by), a bounded number of times; `refresh` drops this
+host's entries (`nmt doctor --refresh`).
 This module imports nothing of nmt but `nmt.files`: everything that depends on the CPU can ask it.
 """
 

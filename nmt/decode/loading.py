@@ -1,5 +1,6 @@
-"""How a `Translator` gets its engine: which engine (`--engine auto`), on which device, with which
-config, and the native model (one checkpoint or an ensemble) built from a checkpoint.
+"""How a `Translator` gets its engine: which engine and precision (`choose`: the one rule of every
+command, so that they answer alike), on which device, with which config, and the native model
+(one checkpoint or an ensemble) built from a checkpoint.
 
 PyTorch is imported only on the native path: the CTranslate2 path of `nmt translate` never
 imports it (start-up in a fraction of a second).

@@ -74,5 +74,5 @@ class InferenceOptions:
     sampling: Sampling | None = None  # draw tokens (top-k / top-p / temperature, seeded) instead of searching
     ensemble: tuple[Path, ...] = ()  # more checkpoints decoded with `checkpoint` as one model (native engine)
     threads: int = 0  # CPU threads of the CTranslate2 engine, fixed when it loads (0: `cpu_threads`)
-    rows: int = BATCH_ROWS  # rows of a typical decoding step: the native engine's `auto` precision and int8
-    # kernel are those measured fastest for it (`nmt.device`); ALONE_ROWS for a sentence at a time
+    rows: int = BATCH_ROWS  # rows of a typical decoding step: the native engine's int8 kernel is
+    # the one measured fastest for it (`nmt.device`); ALONE_ROWS for a sentence at a time

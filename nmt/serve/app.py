@@ -84,7 +84,7 @@ class Service:
     def load(cls, opts: Any, run_dir: Path, limits: ServeLimits) -> Service:
         """Load the model of `opts` (`InferenceOptions`) on `limits.batch.workers` workers (0 =
         `auto_workers`): one in this process, or several in child processes that share the cores
-        (cores // workers intra-op threads each, set after loading so that `--precision auto`
+        (cores // workers intra-op threads each, set after loading so that the int8 kernel
         resolves as for `nmt translate` and the answers equal what it prints); nmt/serve/workers.py."""
         from nmt.decode.options import available_cores
 

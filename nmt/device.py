@@ -75,7 +75,7 @@ def fast_bf16_available(device: torch.device) -> bool:
         return False
     fallback = ({"times": {}}, "training's precision auto takes fp32")
     times = probe("cpu-bf16-matmul times", _matmul_times, check=_steady, fallback=fallback)["times"]
-    return bool(times) and times["bf16"] < times["fp32"]
+    return {"fp32", "bf16"} <= set(times) and times["bf16"] < times["fp32"]
 
 
 def _matmul_times() -> dict[str, object]:

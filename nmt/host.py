@@ -27,7 +27,12 @@ of kernel names or of the presets in `PRESETS`, e.g. ``NMT_HOST_WITHOUT=avx2-onl
 child processes inherit; `forget()` drops the cached detection after the variable changes.
 `nmt doctor` prints the table.
 
-Measurements of what runs fastest here (`probe`) live here too, keyed by the host's fingerprint.
+Measurements of what runs fastest here (`probe`) live here too, keyed by the host's fingerprint
+and stamped with what else changes them (`stamp`: torch and CTranslate2 versions, the variables
+that choose kernels, the file's layout). A stale or malformed entry is measured again, and so is
+a fresh measurement that its caller's check rejects (a busy machine: `interleaved_times` and
+`spread` give the caller what to judge by), a bounded number of times; `refresh` drops this
+host's entries (`nmt doctor --refresh`).
 This module imports nothing of nmt but `nmt.files`: everything that depends on the CPU can ask it.
 """
 
@@ -35,9 +40,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
 import json
+import math
 import os
 import platform
+import statistics
 import sys
 import time
 import warnings
@@ -239,36 +247,180 @@ def best_time(fn: Callable[[], object], repeats: int = 5, inner: int = 3) -> flo
     return best
 
 
-def _probe_file() -> Path:
+HOPELESS = 5.0  # a candidate this many times slower than the best one is not timed past its second run
+
+
+def interleaved_times(candidates: Mapping[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Seconds of each call of each candidate, timed in `rounds` interleaved rounds (every
+    candidate once, then again) after one warm-up call each, so that a load that comes and goes
+    slows every candidate alike rather than the one timed at that moment. A candidate whose best
+    after two runs is `HOPELESS` × the best of all is not run again (an emulated bf16 or a
+    reference int8 loop costs two slow runs, not `rounds`)."""
+    for run in candidates.values():
+        run()  # first-call work (kernel set-up, caches) is not what a call costs
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    for round_ in range(rounds):
+        best = min((min(t) for t in times.values() if t), default=math.inf)
+        for name, run in candidates.items():
+            if round_ >= 2 and min(times[name]) > HOPELESS * best:
+                continue
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def spread(times: list[float]) -> float:
+    """The median of `times` over their best (1.0: every repeat took as long as the best)."""
+    return statistics.median(times) / min(times)
+
+
+# --------------------------------------------------------------------------- the probe cache
+
+SCHEMA = 2  # the layout of probes.json; a file of another layout is measured anew and rewritten
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")  # variables that change which kernels PyTorch runs
+MEASURE_TRIES = 3  # measurements of one probe before a result that fails its check is given up on
+
+
+def probe_file() -> Path:
     root = os.environ.get("NMT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "nmt"
     return Path(root) / "probes.json"
 
 
+def stamp() -> dict[str, object]:
+    """What a measurement depends on besides the CPU and its kernels (which are in its key): the
+    cache layout, the torch and CTranslate2 versions (the version of the package, read without
+    importing it: '' where it is not installed) and the environment variables that choose kernels."""
+    return {
+        "schema": SCHEMA,
+        "torch": torch.__version__,
+        "ctranslate2": _installed_version("ctranslate2"),
+        **{name: os.environ.get(name, "") for name in KERNEL_ENV},
+    }
+
+
+def describe_stamp() -> str:
+    """`stamp()` in words, for `nmt doctor`: 'torch 2.13.0, ctranslate2 4.6.0, ATEN_CPU_CAPABILITY=avx2'."""
+    now = stamp()
+    words = [f"{name} {now[name] or 'not installed'}" for name in ("torch", "ctranslate2")]
+    return ", ".join(words + [f"{name}={now[name]}" for name in KERNEL_ENV if now[name]])
+
+
+def _installed_version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
 _PROBES: dict[str, object] = {}
+_MISSING = object()
 
 
-def probe(name: str, measure: Callable[[], object], notice: str = "") -> object:
+def probe(
+    name: str,
+    measure: Callable[[], object],
+    notice: str = "",
+    check: Callable[[object], str] | None = None,
+    fallback: tuple[object, str] | None = None,
+) -> object:
     """The result of `measure()` for this machine (JSON-serialisable), measured once: cached per
     process and on disk under a key of `name`, the host's fingerprint (CPU and the kernels that
-    run), the torch version and the threads. Two hosts of one CPU name with different kernels
-    (a VM that hides AVX-512, a simulated host) never share a measurement. `notice`: a line for
-    stderr when it is measured (a probe that takes seconds says why the command pauses)."""
-    key = f"{name} | {current().fingerprint} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    run) and the threads, stamped with `stamp()`. Two hosts of one CPU name with different kernels
+    (a VM that hides AVX-512, a simulated host) never share a measurement.
+
+    A cached result is measured again when its stamp differs from this process's (another torch
+    or CTranslate2, another kernel variable), when the file or the entry is malformed, or when
+    `check` rejects it; the new result replaces it (the file rewritten atomically).
+    `check(result)`: '' for a usable result, else why not (wrong types, or a measurement no
+    kernel can produce, or repeats that disagree: a busy machine). A fresh result it rejects is
+    measured again, up to `MEASURE_TRIES` times; then `fallback` (value, what it means) is used for
+    this process only, with one line on stderr (without `fallback`, the last result). `notice`: a
+    line for stderr when it is measured (a probe that takes seconds says why the command pauses)."""
+    key = f"{name} | {current().fingerprint} | {torch.get_num_threads()} threads"
     if key in _PROBES:
         return _PROBES[key]
-    path = _probe_file()
+    path = probe_file()
+    entries, why = _read_probes(path)
+    why = why or _unusable(entries.get(key, _MISSING), check)
+    if not why:
+        _PROBES[key] = entries[key]["result"]
+        return _PROBES[key]
+    if notice:
+        print(f"{notice} ({why}; cached in {path})", file=sys.stderr)
+    result, trouble = _measure(measure, check)
+    if trouble and fallback is not None:
+        print(f"warning: {name}: {trouble} in {MEASURE_TRIES} measurements; {fallback[1]}", file=sys.stderr)
+        _PROBES[key] = fallback[0]
+        return fallback[0]
+    _PROBES[key] = result
+    with contextlib.suppress(OSError):  # re-read: `measure` may have stored probes of its own
+        entries = _read_probes(path)[0]
+        entry = {"host": current().fingerprint, "stamp": stamp(), "result": result}
+        atomic_write_json(path, {"schema": SCHEMA, "probes": {**entries, key: entry}})
+    return result
+
+
+def _measure(measure: Callable[[], object], check: Callable[[object], str] | None) -> tuple[object, str]:
+    """(the first result `check` accepts, ''), else (the last one, why `check` rejected it)."""
+    trouble = ""
+    for _ in range(MEASURE_TRIES):
+        with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
+            result = measure()
+        trouble = _verdict(check, result)
+        if not trouble:
+            break
+    return result, trouble
+
+
+def _verdict(check: Callable[[object], str] | None, result: object) -> str:
+    """`check(result)`, with a result of the wrong shape (one that makes `check` raise) rejected."""
+    if check is None:
+        return ""
+    try:
+        return check(result)
+    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as e:
+        return f"a malformed result ({type(e).__name__}: {e})"
+
+
+def _read_probes(path: Path) -> tuple[dict[str, dict], str]:
+    """(the entries of the probe file at `path`, '') — or ({}, why none can be used: unreadable,
+    not JSON, another layout). A missing file is no entries and no complaint."""
     try:
         stored = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        stored = {}
-    if key in stored:
-        _PROBES[key] = stored[key]
-        return stored[key]
-    if notice:
-        print(f"{notice} (once for this machine; cached in {path})", file=sys.stderr)
-    with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
-        _PROBES[key] = measure()
-    with contextlib.suppress(OSError, ValueError):  # re-read: `measure` may have stored probes of its own
-        stored = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-        atomic_write_json(path, {**stored, key: _PROBES[key]})
-    return _PROBES[key]
+    except FileNotFoundError:
+        return {}, ""
+    except (OSError, ValueError) as e:
+        return {}, f"the cache file is unreadable: {type(e).__name__}"
+    if not isinstance(stored, dict) or stored.get("schema") != SCHEMA or not isinstance(stored.get("probes"), dict):
+        return {}, "the cache file has another layout"
+    return stored["probes"], ""
+
+
+def _unusable(entry: object, check: Callable[[object], str] | None) -> str:
+    """'' when a stored `entry` can be used here, else why it is measured again."""
+    if entry is _MISSING:
+        return "once for this machine"
+    if not isinstance(entry, dict) or not isinstance(entry.get("stamp"), dict) or "result" not in entry:
+        return "its cache entry is malformed"
+    now = stamp()
+    for field_ in now:
+        if entry["stamp"].get(field_) != now[field_]:
+            was = entry["stamp"].get(field_)
+            return f"measured with {field_} {was or 'none'!s}, now {now[field_] or 'none'}"
+    trouble = _verdict(check, entry["result"])
+    return f"its cached result is unusable: {trouble}" if trouble else ""
+
+
+def refresh() -> int:
+    """Drop this host's measurements (its fingerprint's, at any thread count) from the process and
+    from the disk cache, so that the next probes measure anew (`nmt doctor --refresh`); other
+    hosts' entries stay. A cache file that cannot be read is replaced. Returns the entries dropped."""
+    _PROBES.clear()
+    path = probe_file()
+    entries, why = _read_probes(path)
+    here = current().fingerprint
+    kept = {key: e for key, e in entries.items() if not (isinstance(e, dict) and e.get("host") == here)}
+    if why or len(kept) < len(entries):
+        atomic_write_json(path, {"schema": SCHEMA, "probes": kept})
+    return len(entries) - len(kept)

@@ -251,6 +251,7 @@ def test_doctor_lists_the_kernels_and_both_workloads_choices(monkeypatch):
     assert lines[0].startswith("CPU: ") and all(any(k in line for line in lines) for k in host.KERNELS)
     alone, batches = lines[-2:]
     assert alone.startswith("decoding one sentence at a time") and "int8 2.00x" in alone
-    assert alone.endswith("auto = int8; int8 kernel kernel-for-1")
+    assert alone.endswith("fastest = int8; int8 kernel kernel-for-1")
     assert batches.startswith("decoding batches (64 rows)") and "int8 0.80x" in batches
-    assert batches.endswith("auto = fp32; int8 kernel kernel-for-64")
+    assert batches.endswith("fastest = fp32; int8 kernel kernel-for-64")
+    assert any(line.endswith("--precision auto decodes in fp32") for line in lines)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -98,9 +99,11 @@ def probe_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_inference_precision_checks_the_device():
+def test_inference_precision_checks_the_device(monkeypatch):
+    import nmt.device
     from nmt.device import cpu_precisions, resolve_inference_precision
 
+    monkeypatch.setattr(nmt.device, "decode_times", lambda shape, rows: {})  # the speeds are not what is checked here
     cpu = torch.device("cpu")
     for p in cpu_precisions():
         assert resolve_inference_precision(cpu, p, (32, 64)) == p
@@ -109,26 +112,46 @@ def test_inference_precision_checks_the_device():
             resolve_inference_precision(device, bad)
 
 
-def test_auto_precision_is_measured_once_and_cached_on_disk(probe_dir, monkeypatch):
+def test_decode_times_are_measured_once_and_cached_on_disk(probe_dir, monkeypatch):
     import nmt.device as device
     from nmt import host
 
     calls = []
-    monkeypatch.setattr(device, "_time_precisions", lambda d, f, r: calls.append((d, f)) or {"fp32": 2.0, "int8": 1.0})
-    cpu = torch.device("cpu")
-    assert device.resolve_inference_precision(cpu, "auto", (32, 64)) == "int8"
-    assert device.resolve_inference_precision(cpu, "auto", (32, 64)) == "int8"
+
+    def measure(d, f, rows):
+        calls.append((d, f))
+        return {"times": {"fp32": 2.0, "int8": 1.0}, "spread": 1.1}
+
+    monkeypatch.setattr(device, "_time_precisions", measure)
+    assert device.decode_times((32, 64)) == device.decode_times((32, 64)) == {"fp32": 2.0, "int8": 1.0}
     assert calls == [(32, 64)]  # cached in the process
     monkeypatch.setattr(host, "_PROBES", {})
-    assert device.resolve_inference_precision(cpu, "auto", (32, 64)) == "int8"
+    assert device.decode_times((32, 64)) == {"fp32": 2.0, "int8": 1.0}
     assert calls == [(32, 64)]  # and on disk, keyed by machine and shape
     assert host.current().fingerprint in (probe_dir / "probes.json").read_text()
-    assert device.resolve_inference_precision(cpu, "auto", (16, 64)) == "int8" and len(calls) == 2
+    device.decode_times((16, 64))
+    assert len(calls) == 2
 
 
-def test_decode_times_really_time_every_precision_this_host_runs(probe_dir):
+def test_auto_decodes_in_fp32_whatever_the_probes_measured(probe_dir, monkeypatch):
+    """`--precision auto` is the reference precision on every workload, without measuring: the
+    output every command shares, even where int8 or bf16 measured faster."""
+    import nmt.device as device
+
+    measured = []
+    monkeypatch.setattr(device, "_time_precisions", lambda d, f, rows: measured.append(rows))
+    cpu = torch.device("cpu")
+    for rows in (device.ALONE_ROWS, device.BATCH_ROWS):
+        assert device.resolve_inference_precision(cpu, "auto", (8, 16), rows) == device.REFERENCE == "fp32"
+    assert measured == []
+
+
+def test_decode_times_really_time_every_precision_this_host_runs(probe_dir, monkeypatch):
+    import nmt.device as device
     from nmt.device import cpu_precisions, decode_times
 
+    monkeypatch.setattr(device, "NOISY", math.inf)  # real timings on shared cores: kept however noisy
+    monkeypatch.setattr(device, "MAX_SPEEDUP", math.inf)
     times = decode_times((32, 64))
     assert list(times) == cpu_precisions() and all(t > 0 for t in times.values())
 
@@ -136,7 +159,8 @@ def test_decode_times_really_time_every_precision_this_host_runs(probe_dir):
 def test_an_explicit_precision_far_slower_than_fp32_says_so_once(probe_dir, monkeypatch, capsys):
     import nmt.device as device
 
-    monkeypatch.setattr(device, "_time_precisions", lambda d, f, r: {"fp32": 1.0, "bf16": 30.0, "int8": 0.5})
+    times = {"fp32": 1.0, "bf16": 30.0, "int8": 0.5}
+    monkeypatch.setattr(device, "_time_precisions", lambda d, f, r: {"times": times, "spread": 1.0})
     monkeypatch.setattr(device, "cpu_precisions", lambda: ["fp32", "bf16", "int8"])
     device.warn_once.cache_clear()
     cpu = torch.device("cpu")
@@ -215,36 +239,29 @@ def test_one_row_of_a_packed_layer_is_a_matrix_vector_product_with_the_same_resu
 
 
 def test_probes_are_measured_per_workload_and_nested_probes_are_kept(probe_dir, monkeypatch):
-    """The precision and int8-kernel probes time each candidate on steps of the rows the caller
-    decodes (one row: a sentence at a time; 64: batches), each its own measurement; a probe
-    measured inside another (the int8 kernel inside the precision probe) is kept on disk too."""
+    """The int8-kernel probe times each kernel on steps of the rows the caller decodes (one row: a
+    sentence at a time; 64: batches), each its own measurement; a probe measured inside another
+    (the int8 kernel inside the precision probe) is kept on disk too."""
     import nmt.device as device
     from nmt import host
 
     fake = {("int8-fbgemm", 1): 3.0, ("int8-weight", 1): 1.0, ("int8-fbgemm", 64): 2.0, ("int8-weight", 64): 4.0}
     seen: list[int] = []
+
+    def time_models(models, rows):
+        seen.append(rows)
+        return {"times": {k: fake[k, rows] for k in models}, "spread": 1.0}
+
     monkeypatch.setattr(device, "int8_kernels", lambda: ["int8-fbgemm", "int8-weight"])
     monkeypatch.setattr(device, "inference_model", lambda model, dev, precision, kernel: kernel)
     monkeypatch.setattr(device, "_probe_model", lambda d, f: None)
-    monkeypatch.setattr(device, "_step_time", lambda kernel, rows, beat: seen.append(rows) or fake[kernel, rows])
+    monkeypatch.setattr(device, "_time_models", time_models)
     assert host.probe("outer", lambda: device.fastest_int8_kernel((8, 16), 1)) == "int8-weight"
     assert device.fastest_int8_kernel((8, 16), device.BATCH_ROWS) == "int8-fbgemm"
-    assert seen == [1, 1, 64, 64]
+    assert seen == [1, 64]
     stored = (probe_dir / "probes.json").read_text()
     assert "cpu-int8-kernel 8x16 rows 1 " in stored and "cpu-int8-kernel 8x16 rows 64 " in stored
     assert "outer |" in stored
-
-
-def test_the_chosen_precision_follows_the_workload(probe_dir, monkeypatch):
-    import nmt.device as device
-
-    times = {1: {"fp32": 2.0, "int8": 1.0}, 64: {"fp32": 1.0, "int8": 1.3}}
-    monkeypatch.setattr(device, "_time_precisions", lambda d, f, rows: times[rows])
-    monkeypatch.setattr(device, "cpu_precisions", lambda: ["fp32", "int8"])
-    cpu = torch.device("cpu")
-    assert device.resolve_inference_precision(cpu, "auto", (8, 16), device.ALONE_ROWS) == "int8"
-    assert device.resolve_inference_precision(cpu, "auto", (8, 16), device.BATCH_ROWS) == "fp32"
-    assert device.resolve_inference_precision(cpu, "auto", (8, 16)) == "fp32"  # batches unless told
 
 
 def test_int8_quantises_every_linear_layer_and_packing_keeps_outputs():
@@ -291,51 +308,46 @@ def test_packing_fuses_relu_into_fc1_with_identical_outputs(activation):
         torch.testing.assert_close(fused(x), plain, atol=0, rtol=0)
 
 
-def test_the_probe_times_real_decoding_steps_of_a_model_of_the_shape(probe_dir, capsys):
-    """`_step_time` encodes and decodes through the model's FastDecoder (what the engine runs), and
+def test_the_probe_times_real_decoding_steps_of_a_model_of_the_shape(probe_dir, capsys, monkeypatch):
+    """`_time_models` encodes and decodes through the model's FastDecoder (what the engine runs), and
     a probe that measures says so in one line on stderr, once."""
     import nmt.device as device
     from nmt.model.fast_decoder import FastDecoder
 
+    monkeypatch.setattr(device, "NOISY", math.inf)  # real timings on shared cores: kept however noisy
+    monkeypatch.setattr(device, "MAX_SPEEDUP", math.inf)
     model = device._probe_model(32, 64)
     assert model.cfg.d_model == 32 and model.cfg.decoder_layers == device.PROBE_LAYERS
     steps = []
     original = FastDecoder.decode_step
     FastDecoder.decode_step = lambda self, tokens, state: steps.append(tokens.numel()) or original(self, tokens, state)
     try:
-        assert device._step_time(model, 3) > 0
+        measured = device._time_models({"fp32": model}, 3)
     finally:
         FastDecoder.decode_step = original
-    assert steps and set(steps) == {3} and len(steps) % device.PROBE_STEPS == 0
+    assert measured["times"]["fp32"] > 0 and measured["spread"] >= 1.0
+    assert set(steps) == {3} and len(steps) == device.PROBE_STEPS * (1 + 5)  # a warm-up and five rounds
     times = device.decode_times((32, 64), 2)
-    assert set(times) == set(device.cpu_precisions()) and all(t > 0 for t in times.values())
+    assert list(times) == device.cpu_precisions() and all(t > 0 for t in times.values())
     device.decode_times((32, 64), 2)
     err = capsys.readouterr().err
     assert err.count("timing the decoding precisions of a 32x64 model on 2-row steps") == 1
 
 
-def test_a_candidate_far_slower_than_the_best_so_far_is_timed_once():
+def test_candidates_are_timed_in_interleaved_rounds_and_a_hopeless_one_twice():
+    """Every candidate once per round (a load that comes and goes slows each alike); one far slower
+    than the best (`HOPELESS` times) is timed twice, not every round."""
     import time
 
-    import nmt.device as device
+    from nmt import host
 
-    class Slow:  # a decoding model whose every step takes 2 ms
-        runs = 0
+    order: list[str] = []
 
-        def encode(self, src):
-            Slow.runs += 1
-            return src
+    def sleeper(name: str, seconds: float):
+        return lambda: order.append(name) or time.sleep(seconds)
 
-        def start_decoding(self, enc):
-            return None
-
-        def decode_step(self, tokens, state):
-            time.sleep(0.002)
-            return torch.zeros(tokens.numel(), 8)
-
-    assert device._step_time(Slow(), 32) >= device.PROBE_STEPS * 0.002 and Slow.runs == 3  # warm-up + 2
-    Slow.runs = 0
-    assert device._step_time(Slow(), 32, beat=0.001) > device.HOPELESS * 0.001 and Slow.runs == 2  # warm-up + 1
-    Slow.runs = 0
-    device._step_time(Slow(), 2, beat=1.0)  # within reach of the best, few rows: five timed runs after the warm-up
-    assert Slow.runs == 6
+    times = host.interleaved_times({"fast": sleeper("fast", 0.001), "slow": sleeper("slow", 0.02)}, 4)
+    assert order[:2] == ["fast", "slow"] and order[2:6] == ["fast", "slow"] * 2  # warm-ups, then rounds
+    assert len(times["fast"]) == 4 and len(times["slow"]) == 2 and order.count("slow") == 3
+    assert min(times["slow"]) > host.HOPELESS * min(times["fast"])
+    assert host.spread([1.0, 1.1, 3.0]) == pytest.approx(1.1) and host.spread([2.0]) == 1.0

@@ -30,7 +30,7 @@ from nmt.cli.options import (
     setup_run,
     user_errors,
 )
-from nmt.decode.options import ALONE_ROWS, BATCH_ROWS
+from nmt.decode.options import ALONE_ROWS, BATCH_ROWS, DEFAULT_ENGINE
 from nmt.errors import NmtError
 
 
@@ -46,7 +46,7 @@ def translate(
     len_penalty: Annotated[float | None, typer.Option("--len-penalty")] = None,
     device: DeviceOpt = "auto",
     precision: PrecisionOpt = "auto",
-    engine: EngineOpt = "auto",
+    engine: EngineOpt = DEFAULT_ENGINE,
     attention: Annotated[
         Path | None, typer.Option("--attention", help="Also write a cross-attention heatmap per sentence: DIR/<n>.png.")
     ] = None,
@@ -99,7 +99,7 @@ def eval_(
     greedy: Annotated[bool, typer.Option("--greedy", help="Also report greedy decoding.")] = False,
     device: DeviceOpt = "auto",
     precision: PrecisionOpt = "auto",
-    engine: EngineOpt = "native",
+    engine: EngineOpt = DEFAULT_ENGINE,
     sample_topk: TopkOpt = None,
     sample_topp: ToppOpt = None,
     temperature: TemperatureOpt = None,
@@ -177,7 +177,7 @@ def backtranslate(
     beam: BeamOpt = None,
     device: DeviceOpt = "auto",
     precision: PrecisionOpt = "auto",
-    engine: EngineOpt = "native",
+    engine: EngineOpt = DEFAULT_ENGINE,
     sample_topk: TopkOpt = None,
     sample_topp: ToppOpt = None,
     temperature: TemperatureOpt = None,

@@ -19,7 +19,7 @@ from nmt.cli.options import (
     inference_options,
     user_errors,
 )
-from nmt.decode.options import ALONE_ROWS, BATCH_ROWS
+from nmt.decode.options import ALONE_ROWS, BATCH_ROWS, DEFAULT_ENGINE
 from nmt.errors import NmtError
 
 
@@ -30,7 +30,7 @@ def serve(
     beam: BeamOpt = None,
     device: DeviceOpt = "auto",
     precision: PrecisionOpt = "auto",
-    engine: EngineOpt = "native",
+    engine: EngineOpt = DEFAULT_ENGINE,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="0 = any free port.")] = 8080,
     max_sentences: Annotated[int, typer.Option("--max-sentences", min=1, help="Sentences per request.")] = 64,
@@ -56,8 +56,8 @@ def serve(
         TuneFor,
         typer.Option(
             "--tune-for",
-            help="Native engine: pick --precision auto and the int8 kernel measured fastest for one sentence "
-            "at a time (few clients) or for batches (heavy load).",
+            help="Native engine: pick the int8 kernel measured fastest for one sentence at a time (few "
+            "clients) or for batches (heavy load).",
         ),
     ] = TuneFor.batch,
 ) -> None:
@@ -79,9 +79,16 @@ def serve(
 
 
 @user_errors
-def doctor() -> None:
+def doctor(
+    refresh: Annotated[
+        bool, typer.Option("--refresh", help="Drop this machine's cached measurements and measure anew.")
+    ] = False,
+) -> None:
     """What this machine runs: the CPU, each hardware-dependent kernel (or why not), and the
     decoding precisions it offers with their measured speed, one sentence at a time and in batches."""
+    from nmt import host
     from nmt.device import describe_host
 
+    if refresh:
+        typer.echo(f"dropped {host.refresh()} cached measurements of this machine", err=True)
     typer.echo(describe_host())

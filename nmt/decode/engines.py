@@ -29,9 +29,9 @@ from nmt.model.fast_decoder import fast_decoder
 class NativeEngine:
     """nmt's PyTorch model on `device`, decoding in `precision` (auto | fp32 | bf16 | fp16 | int8).
 
-    'auto' resolves to the fastest precision measured on this machine (`nmt.device`) for steps of
-    `rows` rows (64: batches; 1: a sentence at a time), which also picks the int8 kernel; the model
-    is converted once (bf16/fp16 weights, int8 linear layers), `self.precision` is the result.
+    'auto' is fp32 (`nmt.device.resolve_inference_precision`); int8 runs on the kernel measured
+    fastest here for steps of `rows` rows (64: batches; 1: a sentence at a time); the model is
+    converted once (bf16/fp16 weights, int8 linear layers), `self.precision` is the result.
     """
 
     name = "native"

@@ -284,7 +284,7 @@ def _report_name(base: str, beam: int, config: Config, opts: InferenceOptions) -
     """`base` (the split, or the external set's name) with what sets this decoding apart from the
     run's default one, so that reports of different settings sit side by side in <run>/eval/."""
     name = base if beam == config.decode.beam else f"{base}.beam{beam}"
-    name += "" if opts.engine == "native" else f".{opts.engine}"  # keep both engines' reports
+    name += "" if opts.engine in ("native", "auto") else f".{opts.engine}"  # auto: the default answer
     if opts.ensemble:
         name += f".ensemble{1 + len(opts.ensemble)}"
     if opts.sampling is not None:

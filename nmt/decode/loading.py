@@ -1,5 +1,6 @@
-"""How a `Translator` gets its engine: which engine (`--engine auto`), on which device, with which
-config, and the native model (one checkpoint or an ensemble) built from a checkpoint.
+"""How a `Translator` gets its engine: which engine and precision (`choose`: the one rule of every
+command, so that they answer alike), on which device, with which config, and the native model
+(one checkpoint or an ensemble) built from a checkpoint.
 
 PyTorch is imported only on the native path: the CTranslate2 path of `nmt translate` never
 imports it (start-up in a fraction of a second).
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nmt.config import Config, load_config
-from nmt.decode.options import ENGINES, Sampling
+from nmt.decode.options import ENGINES, REFERENCE_PRECISION, InferenceOptions, Sampling
 from nmt.errors import NmtError
 
 if TYPE_CHECKING:
@@ -23,12 +24,36 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class EngineChoice:
-    """The engine a `Translator` decodes with, what to say of it, and (for `--engine auto`) the
-    current CTranslate2 export it found, decoded as found (not looked up a second time)."""
+    """The engine and precision a `Translator` decodes with, what to say of them, and (for
+    `--engine auto`) the current CTranslate2 export it found, decoded as found (not looked up a
+    second time)."""
 
     name: str  # native | ctranslate2
+    precision: str = REFERENCE_PRECISION  # what the engine is asked for; it may resolve further ('auto' on an export)
     note: str = ""  # appended to the `loaded …` line
     export: Path | None = None
+
+
+def choose(opts: InferenceOptions, run_dir: Path) -> EngineChoice:
+    """The engine and precision that `opts` decode `run_dir`'s model with: the one rule of every
+    command (translate, eval, serve's own and LibreTranslate routes, backtranslate), so that for
+    one model and one input they answer alike. `--engine auto` is CTranslate2 where the model has
+    a current export (`auto_export`), else native; `--precision auto` is `REFERENCE_PRECISION`
+    (fp32) on either, the precision whose output both engines share: CTranslate2 float32 decodes
+    the same tokens as the native fp32 engine (greedy exactly; for beam search see
+    nmt/decode/ct2.py), while bf16 and int8 change a few lines in a hundred and are used only when
+    asked for. An export directory named as the checkpoint keeps 'auto': its saved type is the
+    model. NmtError for an unknown engine or an ensemble on CTranslate2."""
+    picked = resolve_engine(opts.engine, run_dir, opts.checkpoint, opts.ensemble)
+    precision = opts.precision
+    if precision == "auto" and not (picked.name == "ctranslate2" and is_export(opts.checkpoint)):
+        precision = REFERENCE_PRECISION
+    return dataclasses.replace(picked, precision=precision)
+
+
+def is_export(checkpoint: Path | None) -> bool:
+    """Whether `checkpoint` names a model directory (an `nmt export`), not a checkpoint file."""
+    return checkpoint is not None and Path(checkpoint).is_dir()
 
 
 def resolve_engine(
@@ -41,7 +66,7 @@ def resolve_engine(
     if engine == "auto":
         export = auto_export(run_dir, checkpoint, ensemble)
         name = "native" if export is None else "ctranslate2"
-        choice = EngineChoice(name, f"; --engine auto: {name}", export)
+        choice = EngineChoice(name, note=f"; --engine auto: {name}", export=export)
     if ensemble and choice.name != "native":
         raise NmtError(f"--checkpoint more than once: ensembles decode with the native engine, not {choice.name}")
     return choice

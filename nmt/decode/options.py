@@ -14,7 +14,9 @@ from pathlib import Path
 
 from nmt.errors import NmtError
 
-ENGINES = ("native", "ctranslate2", "auto")  # auto: `nmt.decode.loading.resolve_engine`
+ENGINES = ("native", "ctranslate2", "auto")  # auto: `nmt.decode.loading.choose`
+DEFAULT_ENGINE = "auto"  # what every command that decodes (translate, eval, serve, backtranslate) defaults to
+REFERENCE_PRECISION = "fp32"  # what `--precision auto` decodes in, on either engine (`nmt.decode.loading.choose`)
 BATCH_ROWS = 64  # rows of a decoding step in batches (eval, backtranslate, translate --input, serve)
 ALONE_ROWS = 1  # a sentence at a time (translate of arguments, serve --tune-for sentence)
 
@@ -64,7 +66,7 @@ class InferenceOptions:
     run_dir: Path | None = None  # None: the newest run under runs/ with a model (nmt.runs.newest_model_run)
     checkpoint: Path | None = None  # None: the run's inference checkpoint (nmt.checkpoint_files)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: str = "auto"  # auto | fp32 | bf16 | int8 (native engine)
+    precision: str = "auto"  # auto (= REFERENCE_PRECISION) | fp32 | bf16 | int8 (native engine)
     engine: str = "native"  # native | ctranslate2 | auto
     beam: int | None = None  # None: decode.beam of the run's config
     nbest: int = 1
@@ -72,5 +74,5 @@ class InferenceOptions:
     sampling: Sampling | None = None  # draw tokens (top-k / top-p / temperature, seeded) instead of searching
     ensemble: tuple[Path, ...] = ()  # more checkpoints decoded with `checkpoint` as one model (native engine)
     threads: int = 0  # CPU threads of the CTranslate2 engine, fixed when it loads (0: `cpu_threads`)
-    rows: int = BATCH_ROWS  # rows of a typical decoding step: the native engine's `auto` precision and int8
-    # kernel are those measured fastest for it (`nmt.device`); ALONE_ROWS for a sentence at a time
+    rows: int = BATCH_ROWS  # rows of a typical decoding step: the native engine's int8 kernel is
+    # the one measured fastest for it (`nmt.device`); ALONE_ROWS for a sentence at a time

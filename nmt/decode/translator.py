@@ -25,6 +25,7 @@ holds n lines `score<TAB>text` (best first; score = the beam's length-normalised
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import sys
 import threading
@@ -123,13 +124,17 @@ class Translator:
 
     @classmethod
     def _load(cls, run_dir: Path, opts: InferenceOptions, config: Config | None) -> Translator:
+        """The translator of `opts` for `run_dir`, on the engine and precision of
+        `nmt.decode.loading.choose` (the same for every command); says on stderr what it loaded
+        and how it decodes: 'loaded <checkpoint> (step N; why); --engine auto: ctranslate2; ctranslate2 fp32'."""
         from nmt.checkpoint_files import choose_inference_checkpoint, describe_checkpoint, read_config
         from nmt.data.tokenizer import load_tokenizers
         from nmt.decode import loading
 
-        picked = loading.resolve_engine(opts.engine, run_dir, opts.checkpoint, opts.ensemble)
-        if picked.name == "ctranslate2" and opts.checkpoint is not None and Path(opts.checkpoint).is_dir():
-            return cls._from_export(Path(opts.checkpoint), opts, config)
+        picked = loading.choose(opts, run_dir)
+        opts = dataclasses.replace(opts, precision=picked.precision)
+        if picked.name == "ctranslate2" and loading.is_export(opts.checkpoint):
+            return cls._from_export(Path(opts.checkpoint), opts, config, picked.note)
         dev = loading.device_for(picked.name, opts.device, opts.sampling)
         choice = choose_inference_checkpoint(run_dir) if opts.checkpoint is None else None
         path = Path(opts.checkpoint) if choice is None else choice.path
@@ -148,22 +153,22 @@ class Translator:
 
             sizes = (src_tok.vocab_size, tgt_tok.vocab_size)
             model = loading.native_model(config, sizes, path, run_dir, opts.ensemble, dev.type)
-            engine = NativeEngine(model, config.decode, dev, opts.precision, opts.rows)  # resolves 'auto'
+            engine = NativeEngine(model, config.decode, dev, opts.precision, opts.rows)
         translator = cls(model, src_tok, tgt_tok, config, checkpoint=path, engine=engine)
         translator.sampling = opts.sampling
-        decodes = f"; {engine.describe}" if hasattr(engine, "describe") else ""
         why = choice.reason if choice else "named explicitly"
-        print(describe_checkpoint(path, why) + picked.note + decodes, file=sys.stderr)
+        print(describe_checkpoint(path, why) + picked.note + f"; {decodes_with(engine)}", file=sys.stderr)
         return translator
 
     @classmethod
-    def _from_export(cls, export: Path, opts: InferenceOptions, config: Config | None) -> Translator:
+    def _from_export(cls, export: Path, opts: InferenceOptions, config: Config | None, note: str = "") -> Translator:
         """A CTranslate2 model directory named as the checkpoint: its own vocabularies and config."""
         from nmt.decode import loading
 
         found = loading.ct2_from_export(export, config, opts.device, opts.precision, opts.sampling, opts.threads)
         translator = cls(None, *found[1:], checkpoint=export, engine=found[0])
         translator.sampling = opts.sampling
+        print(f"loaded {export} (an nmt export){note}; {decodes_with(found[0])}", file=sys.stderr)
         return translator
 
     # ----------------------------------------------------------------------- public API
@@ -310,6 +315,12 @@ class Translator:
             self.stats.src_tokens += sum(len(s) + 1 for s in seqs)
             self.stats.tgt_tokens += sum(len(f[0][0]) for f in found if f)
         return found
+
+
+def decodes_with(engine: Any) -> str:
+    """'native fp32', 'native int8 (int8-weight)', 'ctranslate2 fp32': the engine and the precision
+    it resolved to, as every `loaded …` line and the server's /info name them."""
+    return getattr(engine, "describe", None) or f"{engine.name} {engine.precision}"
 
 
 def _restore(text: str, masked: Masked | None) -> str:

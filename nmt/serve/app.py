@@ -84,11 +84,11 @@ class Service:
     def load(cls, opts: Any, run_dir: Path, limits: ServeLimits) -> Service:
         """Load the model of `opts` (`InferenceOptions`) on `limits.batch.workers` workers (0 =
         `auto_workers`): one in this process, or several in child processes that share the cores
-        (cores // workers intra-op threads each, set after loading so that `--precision auto`
+        (cores // workers intra-op threads each, set after loading so that the int8 kernel
         resolves as for `nmt translate` and the answers equal what it prints); nmt/serve/workers.py."""
         from nmt.decode.options import available_cores
 
-        count = limits.batch.workers or auto_workers(opts)
+        count = limits.batch.workers or auto_workers(opts, run_dir)
         limits = replace(limits, batch=replace(limits.batch, workers=count))
         if count == 1:
             workers = ModelWorkers.in_process(lambda: ModelHost.load(opts))
@@ -192,15 +192,20 @@ class Service:
         }
 
 
-def auto_workers(opts: Any) -> int:
-    """`--workers 0` for `opts` (`InferenceOptions`): with the native engine on a CPU one per core,
-    at most 4 (more workers split the same load into smaller batches; measured on 2 cores only);
-    on a GPU 1 (its kernels already use the whole device), and with CTranslate2 1 (it keeps its
+def auto_workers(opts: Any, run_dir: Path | None = None) -> int:
+    """`--workers 0` for `opts` (`InferenceOptions`) of `run_dir`'s model: with the native engine on
+    a CPU one per core, at most 4 (more workers split the same load into smaller batches; measured
+    on 2 cores only); on a GPU 1 (its kernels already use the whole device), and with CTranslate2
+    (named, or chosen by `--engine auto`: `nmt.decode.loading.resolve_engine`) 1 (it keeps its
     own threads)."""
+    from nmt.decode.loading import resolve_engine
     from nmt.decode.options import available_cores
     from nmt.device import resolve_device
 
-    if opts.engine != "native" or resolve_device(opts.device).type == "cuda":
+    engine = opts.engine
+    if engine == "auto":
+        engine = resolve_engine(engine, Path(run_dir or opts.run_dir), opts.checkpoint, opts.ensemble).name
+    if engine != "native" or resolve_device(opts.device).type == "cuda":
         return 1
     return min(available_cores(), 4)
 

@@ -76,7 +76,7 @@ class ModelHost:
     @classmethod
     def load(cls, opts: Any, threads: int = 0) -> ModelHost:
         """Load `opts` (`InferenceOptions`); then `threads` intra-op threads if > 0 (after loading, so
-        that `--precision auto` resolves with the threads `nmt translate` has, and answers alike)."""
+        that an int8 kernel is chosen with the threads `nmt translate` has, and answers alike)."""
         import torch
 
         from nmt.decode.translator import Translator
@@ -272,7 +272,7 @@ class ModelWorkers:
     @classmethod
     def in_children(cls, opts: Any, count: int, threads: int) -> ModelWorkers:
         """`count` child processes loading `opts`, each decoding with `threads` intra-op threads.
-        The first loads alone and resolves `--precision auto`; the others load its result at once."""
+        The first loads alone and resolves the precision; the others load its result at once."""
         first = ChildHost(opts, threads)
         hosts = [first]
         try:

@@ -276,7 +276,7 @@ def test_from_run_in_every_precision(tiny_run_dir, precision):
     from nmt.decode.translator import Translator
 
     t = Translator.from_run(tiny_run_dir, device="cpu", precision=precision)
-    assert t.precision in ("fp32", "bf16", "int8")  # auto resolves to what was measured fastest
+    assert t.precision == ("fp32" if precision == "auto" else precision)  # auto: the reference, never measured
     together = t.translate(LINES[:4], beam=2)
     assert len(together) == 4 and together == [t.translate([line], beam=2)[0] for line in LINES[:4]]  # batch-invariant
 

@@ -220,12 +220,19 @@ def _run_sides(jobs: list[tuple], workers: int) -> list[tuple[dict, list[str]]]:
         ) from None
 
 
+def _remove_partial_files(folder: Path) -> None:
+    """Remove what a killed run left half-written in `folder` (`atomic_path`'s `.<name>.*.tmp`)."""
+    for partial in folder.glob(".*.tmp"):
+        partial.unlink(missing_ok=True)
+
+
 def train_models(config: Config, run_dir: Path, texts: dict, langs: tuple[str, str]) -> dict:
     """Draw the sample `<run>/vocab/sample.{lang}` of `texts` ({"train.<lang>": Path}) and train
     `<run>/vocab/{lang}.model` on it for both sides; returns {lang: train_model's dict + "sample"}."""
     v, folder = config.vocab, Path(run_dir) / "vocab"
     sources = tuple(Path(texts[f"train.{lang}"]) for lang in langs)
     samples = tuple(folder / f"sample.{lang}" for lang in langs)
+    _remove_partial_files(folder)
     stats = draw_sample(sources, samples, v.sample_chars, v.max_sentences, config.data.seed)
     jobs = [
         (config, sample, folder / f"{lang}.model", side, source)

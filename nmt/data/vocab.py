@@ -1,15 +1,24 @@
 """Two SentencePiece models (source, target) with shared special ids, and the encoded splits.
 
-`build_vocab` trains `<run>/vocab/{zh,en}.model` (named by data.src_lang / data.tgt_lang) on the
-cleaned train text, then encodes every
-split into `<run>/bin` (valid/test sources and references pass through `normalize_source` /
-`normalize_target` first, as train did). SentencePiece's own normalisation is off ("identity"):
-`nmt.data.corpus.normalize_*` is the one place text is normalised.
+`build_vocab` trains `<run>/vocab/{zh,en}.model` (named by data.src_lang / data.tgt_lang) on a
+sample of the cleaned train text, then encodes every split into `<run>/bin` (valid/test sources
+and references pass through `normalize_source` / `normalize_target` first, as train did).
+SentencePiece's own normalisation is off ("identity"): `nmt.data.corpus.normalize_*` is the one
+place text is normalised.
 
 Pass-through (`data.passthrough`, nmt/data/passthrough.py): the placeholders `⦅0⦆…` are
 user-defined symbols of both models, and SentencePiece trains on, and every split is encoded
 from, normalised copies in which spans found on both sides of a pair are masked (`corpus/`
 stays raw, so references are untouched).
+
+Deterministic and bounded: the sample (`<run>/vocab/sample.{zh,en}`, nmt/data/vocab_sample.py) is
+drawn by nmt, seeded and capped by `vocab.sample_chars` characters per side, so SentencePiece's
+memory is set by that budget, not by the corpus. SentencePiece reads it from an iterator and
+returns the model in memory, so the settings it stores in the model hold no path; it runs with
+SPM_THREADS threads per side, the two sides at once in two processes when `vocab.workers` >= 2.
+The `.model` bytes depend only on the sample's pairs, the config and SPM_THREADS: not on the run
+directory, the worker count or the order of the pairs. Files are written atomically; a rerun
+after a kill removes the half-written ones and ends with the same bytes.
 
 The stage stamp covers the corpus files, the vocab and data sections, so a changed corpus or
 vocabulary redoes both the models and the encoding.

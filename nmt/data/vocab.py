@@ -144,21 +144,26 @@ def _spm_options(v: VocabConfig, size: int, coverage: float, byte_fallback: bool
     return opts | ({"user_defined_symbols": symbols} if symbols else {})
 
 
+def _spm_train(opts: dict, sample: Path, allowed: set[str] | None) -> bytes:
+    """The serialised model SentencePiece trains with `opts` on the sample (see `_sentences`)."""
+    writer = io.BytesIO()
+    spm.SentencePieceTrainer.train(**opts, sentence_iterator=_sentences(sample, allowed), model_writer=writer)
+    return writer.getvalue()
+
+
 def _train_bytes(opts: dict, sample: Path, allowed: set[str] | None, text: Path, key: str) -> bytes:
-    """The serialised model SentencePiece trains with `opts` on the sample; a size larger than the
-    text supports is retried with `hard_vocab_limit=False`."""
-    for extra in ({}, {"hard_vocab_limit": False}):
-        writer = io.BytesIO()
+    """`_spm_train`, retried with `hard_vocab_limit=False` for a size larger than the text supports;
+    any other failure is an NmtError naming the size key and `text`."""
+    try:
         try:
-            spm.SentencePieceTrainer.train(
-                **opts, **extra, sentence_iterator=_sentences(sample, allowed), model_writer=writer
-            )
-            return writer.getvalue()
+            return _spm_train(opts, sample, allowed)
         except RuntimeError as e:
-            if "Vocabulary size too high" not in str(e) or extra:
-                message = str(e).splitlines()[0] if str(e) else type(e).__name__
-                raise NmtError(f"vocab.{key}={opts['vocab_size']}: SentencePiece failed on {text}: {message}") from None
-    raise AssertionError("unreachable")
+            if "Vocabulary size too high" not in str(e):
+                raise
+            return _spm_train(opts | {"hard_vocab_limit": False}, sample, allowed)
+    except RuntimeError as e:
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise NmtError(f"vocab.{key}={opts['vocab_size']}: SentencePiece failed on {text}: {message}") from None
 
 
 def _write_model(proto: bytes, model: Path) -> int:
@@ -214,7 +219,8 @@ def _train_side(config: Config, sample: Path, model: Path, side: str, text: Path
 
 def _run_sides(jobs: list[tuple], workers: int) -> list[tuple[dict, list[str]]]:
     """`_train_side` of each job: in this process one after the other (workers 1), else each in its
-    own process at once. Every side ends (written or failed) before the first failure is raised."""
+    own process at once, where both sides end (written or failed) before the first failure, in
+    side order, is raised; a process that died (killed, out of memory) is an NmtError."""
     if workers <= 1:
         return [_train_side(*job) for job in jobs]
     with concurrent.futures.ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context()) as pool:

@@ -3,9 +3,10 @@
 Makes a train corpus of `--pairs` pairs by joining 1 to 3 random Tatoeba pairs (seeded; cached
 under --work), then runs `nmt.data.vocab.train_models` on it in a child process and samples
 /proc every 50 ms over that process and its workers: RssAnon and RssFile summed over the
-process tree (at their peaks, taken apart), and the largest VmHWM of one process. A forked
-worker counts the pages it shares with its parent in its own RSS, so the tree sums overstate
-what the machine holds; the single-process VmHWM is the figure to compare with a limit.
+process tree (at their peaks, taken apart), the parent's peak RssAnon (the sampling pass), the
+largest worker's (one SentencePiece side) and the largest VmHWM of one process. A forked worker
+counts the pages it shares with its parent in its own RSS, so the tree sums overstate what the
+machine holds by up to the parent's RSS at the fork.
 
     python scripts/bench_vocab_memory.py --pairs 200000 1000000 --sample-chars 2000000 8000000
 """
@@ -75,18 +76,29 @@ def _tree(pid: int) -> list[int]:
 
 
 def measure(folder: Path, chars: int, workers: int, size: int) -> dict:
-    """Run train_models in a child; its result plus peak tree RssAnon / RssFile and max process VmHWM (MiB)."""
+    """Run train_models in a child; its result plus, in MiB: peak RssAnon and RssFile summed over the
+    tree, the parent's (sampling) peak RssAnon, the largest worker's peak RssAnon, the largest VmHWM."""
     cmd = [sys.executable, "-c", CHILD, str(folder), str(chars), str(workers), str(size)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    anon = file = hwm = 0
+    anon = file = 0
+    peaks: dict[int, dict[str, int]] = {}  # pid -> its largest RssAnon and VmHWM
     while proc.poll() is None:
-        stats = [_status(p) for p in _tree(proc.pid)]
-        anon = max(anon, sum(s.get("RssAnon", 0) for s in stats))
-        file = max(file, sum(s.get("RssFile", 0) for s in stats))
-        hwm = max([hwm] + [s.get("VmHWM", 0) for s in stats])
+        stats = {p: _status(p) for p in _tree(proc.pid)}
+        anon = max(anon, sum(s.get("RssAnon", 0) for s in stats.values()))
+        file = max(file, sum(s.get("RssFile", 0) for s in stats.values()))
+        for p, s in stats.items():
+            peak = peaks.setdefault(p, {"RssAnon": 0, "VmHWM": 0})
+            peak.update({k: max(peak[k], s.get(k, 0)) for k in peak})
         time.sleep(0.05)
     out = json.loads(proc.stdout.read().strip().splitlines()[-1])
-    return out | {"anon_mib": anon / 1024, "file_mib": file / 1024, "hwm_mib": hwm / 1024}
+    workers_anon = [v["RssAnon"] for p, v in peaks.items() if p != proc.pid] or [0]
+    return out | {
+        "anon_mib": anon / 1024,
+        "file_mib": file / 1024,
+        "parent_anon_mib": peaks.get(proc.pid, {}).get("RssAnon", 0) / 1024,
+        "worker_anon_mib": max(workers_anon) / 1024,
+        "hwm_mib": max([0] + [v["VmHWM"] for v in peaks.values()]) / 1024,
+    }
 
 
 def main() -> None:
@@ -99,20 +111,18 @@ def main() -> None:
     ap.add_argument("--tatoeba", type=Path, default=TATOEBA)
     args = ap.parse_args()
     print(
-        "| pairs | sample chars/side | zh sample lines | en sample lines | s "
-        "| tree RssAnon MiB | tree RssFile MiB | max VmHWM MiB |"
+        "| pairs | sample chars/side | zh sample lines | en sample lines | s | tree RssAnon MiB | tree RssFile MiB "
+        "| parent RssAnon MiB | largest worker RssAnon MiB | max VmHWM MiB |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for pairs in args.pairs:
         folder = make_corpus(args.work / str(pairs), pairs, args.tatoeba)
         for chars in args.sample_chars:
             r = measure(folder, chars, args.workers, args.size)
             zh, en = r["report"]["zh"]["sample"], r["report"]["en"]["sample"]
-            print(
-                f"| {pairs:,} | {chars:,} | {zh['sentences']:,} | {en['sentences']:,} | {r['seconds']:.0f} "
-                f"| {r['anon_mib']:.0f} | {r['file_mib']:.0f} | {r['hwm_mib']:.0f} |",
-                flush=True,
-            )
+            cells = [f"{pairs:,}", f"{chars:,}", f"{zh['sentences']:,}", f"{en['sentences']:,}", f"{r['seconds']:.0f}"]
+            cells += [f"{r[k]:.0f}" for k in ("anon_mib", "file_mib", "parent_anon_mib", "worker_anon_mib", "hwm_mib")]
+            print("| " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

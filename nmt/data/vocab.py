@@ -39,7 +39,7 @@ import json
 import multiprocessing
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import sentencepiece as spm
@@ -210,29 +210,35 @@ def train_model(config: Config, sample: Path, model: Path, side: str, text: Path
 
 def _train_side(config: Config, sample: Path, model: Path, side: str, text: Path) -> tuple[dict, list[str]]:
     """`train_model` with its warnings returned rather than shown: a worker process's warnings
-    would be lost, so both ways of running give them back to `train_models` to show, in side order."""
+    would be lost, so they go back to `train_models`, which shows them in side order."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = train_model(config, sample, model, side, text)
     return result, [str(w.message) for w in caught]
 
 
-def _run_sides(jobs: list[tuple], workers: int) -> list[tuple[dict, list[str]]]:
-    """`_train_side` of each job: in this process one after the other (workers 1), else each in its
-    own process at once, where both sides end (written or failed) before the first failure, in
-    side order, is raised; a process that died (killed, out of memory) is an NmtError."""
-    if workers <= 1:
-        return [_train_side(*job) for job in jobs]
-    with concurrent.futures.ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context()) as pool:
-        futures = [pool.submit(_train_side, *job) for job in jobs]
-        concurrent.futures.wait(futures)
-    try:
-        return [f.result() for f in futures]
-    except concurrent.futures.process.BrokenProcessPool:
-        raise NmtError(
-            f"vocab: a SentencePiece training process of {jobs[0][2].parent} died (out of memory? "
-            "lower vocab.sample_chars); run `nmt vocab` again"
-        ) from None
+def _in_processes(fn: Callable, jobs: list[tuple], at_once: int, folder: Path) -> list:
+    """`fn(*job)` for each job in processes of their own, `at_once` at a time, fresh ones per batch;
+    results in job order. Every job of a batch ends (done or failed) before the batch's first
+    failure, in job order, is raised; a process that died (killed, out of memory) is an NmtError.
+
+    A process per batch gives its memory back to the system when it ends: the sample's Python
+    objects and SentencePiece's arrays never stay in `nmt vocab`'s own process.
+    """
+    results: list = []
+    for start in range(0, len(jobs), at_once):
+        batch = jobs[start : start + at_once]
+        with concurrent.futures.ProcessPoolExecutor(len(batch), mp_context=multiprocessing.get_context()) as pool:
+            futures = [pool.submit(fn, *job) for job in batch]
+            concurrent.futures.wait(futures)
+        try:
+            results += [f.result() for f in futures]
+        except concurrent.futures.process.BrokenProcessPool:
+            raise NmtError(
+                f"vocab: a process training the vocabularies of {folder} died (out of memory? lower "
+                "vocab.sample_chars); run `nmt vocab` again"
+            ) from None
+    return results
 
 
 def _remove_partial_files(folder: Path) -> None:
@@ -248,12 +254,14 @@ def train_models(config: Config, run_dir: Path, texts: dict, langs: tuple[str, s
     sources = tuple(Path(texts[f"train.{lang}"]) for lang in langs)
     samples = tuple(folder / f"sample.{lang}" for lang in langs)
     _remove_partial_files(folder)
-    stats = draw_sample(sources, samples, v.sample_chars, v.max_sentences, config.data.seed)
+    (stats,) = _in_processes(
+        draw_sample, [(sources, samples, v.sample_chars, v.max_sentences, config.data.seed)], 1, folder
+    )
     jobs = [
         (config, sample, folder / f"{lang}.model", side, source)
         for lang, side, sample, source in zip(langs, ("src", "tgt"), samples, sources, strict=True)
     ]
-    results = _run_sides(jobs, v.workers)
+    results = _in_processes(_train_side, jobs, 2 if v.workers >= 2 else 1, folder)
     for _, caught in results:
         for message in caught:
             warnings.warn(message, UserWarning, stacklevel=3)

@@ -28,9 +28,9 @@ from nmt.files import atomic_path
 _PROGRESS_EVERY = 10_000  # lines between progress-bar updates
 
 
-def pair_key(src: str, tgt: str, seed: int) -> int:
-    """The pair's 64-bit sampling key: blake2b of "src\\ttgt" keyed by the seed (its decimal text)."""
-    digest = hashlib.blake2b(f"{src}\t{tgt}".encode(), digest_size=8, key=str(seed).encode())
+def pair_key(src: bytes, tgt: bytes, seed: int) -> int:
+    """The pair's 64-bit sampling key: blake2b of its UTF-8 lines "src\ttgt", keyed by the seed's decimal text."""
+    digest = hashlib.blake2b(src + b"\t" + tgt, digest_size=8, key=str(seed).encode())
     return int.from_bytes(digest.digest(), "big")
 
 
@@ -49,11 +49,16 @@ class BottomK:
     chars: int = 0  # characters of the lines held
     _heap: list[tuple[int, str]] = field(default_factory=list)
 
-    def add(self, key: int, line: str) -> None:
+    def wants(self, key: int) -> bool:
+        """Whether a line of this key would be kept now (else `add` would drop it at once)."""
         heap = self._heap
         full = self.chars >= self.budget or len(heap) >= self.max_lines
-        if full and heap and key >= -heap[0][0]:
+        return not (full and heap and key >= -heap[0][0])
+
+    def add(self, key: int, line: str) -> None:
+        if not self.wants(key):
             return
+        heap = self._heap
         heapq.heappush(heap, (-key, line))
         self.chars += len(line)
         while len(heap) > self.max_lines or self.chars - len(heap[0][1]) >= self.budget:
@@ -65,25 +70,37 @@ class BottomK:
 
 
 def _read_pairs(texts: tuple[Path, Path], samples: tuple[BottomK, BottomK], seed: int) -> int:
-    """Stream the two aligned files into the two samples; returns the number of pairs read."""
+    """Stream the two aligned files into the two samples; returns the number of pairs read.
+
+    Lines are read as bytes and decoded only when a sample wants them: most of a large corpus
+    is refused on its key alone.
+    """
     total = count_lines(texts[0])
     pairs = 0
     with (
-        open(texts[0], encoding="utf-8") as fs,
-        open(texts[1], encoding="utf-8") as ft,
+        open(texts[0], "rb") as fs,
+        open(texts[1], "rb") as ft,
         Progress(console=Console(stderr=True), transient=True) as progress,
     ):
         task = progress.add_task(f"sample {texts[0].parent.name}/{texts[0].stem}", total=total)
         for pairs, (s, t) in enumerate(zip(fs, ft, strict=False), start=1):
-            s, t = s.rstrip("\n"), t.rstrip("\n")
+            s, t = s.rstrip(b"\n"), t.rstrip(b"\n")
             key = pair_key(s, t, seed)
-            samples[0].add(key, s)
-            samples[1].add(key, t)
+            for sample, line, path in zip(samples, (s, t), texts, strict=True):
+                if sample.wants(key):
+                    sample.add(key, _decode(line, path, pairs))
             if pairs % _PROGRESS_EVERY == 0:
                 progress.update(task, completed=pairs)
         if ft.readline() or pairs != total:
             raise NmtError(f"{texts[1]}: not as many lines as {texts[0]} ({total}); rebuild the corpus")
     return pairs
+
+
+def _decode(line: bytes, path: Path, number: int) -> str:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise NmtError(f"{path}:{number}: not UTF-8 ({e.reason} at byte {e.start}); rebuild the corpus") from None
 
 
 def draw_sample(

@@ -71,7 +71,7 @@ def test_sample_does_not_depend_on_the_order_of_the_pairs(tmp_path):
     zh, en = (outs[0][i].decode().splitlines() for i in (0, 1))
     assert 4000 <= stats[0]["chars"] == sum(map(len, zh)) < 4000 + max(len(z) for z, _ in PAIRS)
     assert stats[1]["sentences"] == len(en) < len(zh) < 3000 and stats[1]["of_sentences"] == 3000  # en is longer
-    keys = {z: pair_key(z, e, 1) for z, e in PAIRS}
+    keys = {z: pair_key(z.encode(), e.encode(), 1) for z, e in PAIRS}
     assert [keys[z] for z in zh] == sorted(keys[z] for z in zh)  # in key order
     assert max(keys[z] for z in zh) < min(k for z, k in keys.items() if z not in set(zh))  # the smallest keys
     assert {z for z, e in PAIRS if e in set(en)} <= set(zh)  # both sides rank pairs by the same key
@@ -103,3 +103,12 @@ def test_unaligned_sides_are_an_error_naming_the_file(tmp_path, longer):
     with pytest.raises(NmtError, match=r"train\.en: not as many lines as .*train\.zh \(2[01]\)"):
         draw_sample(texts, (tmp_path / "s.zh", tmp_path / "s.en"), budget=100, max_lines=10, seed=1)
     assert not (tmp_path / "s.zh").exists()
+
+
+def test_a_line_that_is_not_utf8_is_an_error_naming_file_and_line(tmp_path):
+    texts = write_pairs(tmp_path, PAIRS[:20])
+    raw = texts[1].read_bytes().split(b"\n")
+    raw[6] = b"caf\xe9"
+    texts[1].write_bytes(b"\n".join(raw))
+    with pytest.raises(NmtError, match=r"train\.en:7: not UTF-8"):
+        draw_sample(texts, (tmp_path / "s.zh", tmp_path / "s.en"), budget=10**6, max_lines=100, seed=1)

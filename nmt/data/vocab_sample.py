@@ -56,6 +56,7 @@ class BottomK:
         return not (full and heap and key >= -heap[0][0])
 
     def add(self, key: int, line: str) -> None:
+        """Offer `line` (of a pair of this key): kept if it belongs to the sample so far."""
         if not self.wants(key):
             return
         heap = self._heap

@@ -1,15 +1,24 @@
 """Two SentencePiece models (source, target) with shared special ids, and the encoded splits.
 
-`build_vocab` trains `<run>/vocab/{zh,en}.model` (named by data.src_lang / data.tgt_lang) on the
-cleaned train text, then encodes every
-split into `<run>/bin` (valid/test sources and references pass through `normalize_source` /
-`normalize_target` first, as train did). SentencePiece's own normalisation is off ("identity"):
-`nmt.data.corpus.normalize_*` is the one place text is normalised.
+`build_vocab` trains `<run>/vocab/{zh,en}.model` (named by data.src_lang / data.tgt_lang) on a
+sample of the cleaned train text, then encodes every split into `<run>/bin` (valid/test sources
+and references pass through `normalize_source` / `normalize_target` first, as train did).
+SentencePiece's own normalisation is off ("identity"): `nmt.data.corpus.normalize_*` is the one
+place text is normalised.
 
 Pass-through (`data.passthrough`, nmt/data/passthrough.py): the placeholders `⦅0⦆…` are
 user-defined symbols of both models, and SentencePiece trains on, and every split is encoded
 from, normalised copies in which spans found on both sides of a pair are masked (`corpus/`
 stays raw, so references are untouched).
+
+Deterministic and bounded: the sample (`<run>/vocab/sample.{zh,en}`, nmt/data/vocab_sample.py) is
+drawn by nmt, seeded and capped by `vocab.sample_chars` characters per side, so SentencePiece's
+memory is set by that budget, not by the corpus. SentencePiece reads it from an iterator and
+returns the model in memory, so the settings it stores in the model hold no path; it runs with
+SPM_THREADS threads per side, the two sides at once in two processes when `vocab.workers` >= 2.
+The `.model` bytes depend only on the sample's pairs, the config and SPM_THREADS: not on the run
+directory, the worker count or the order of the pairs. Files are written atomically; a rerun
+after a kill removes the half-written ones and ends with the same bytes.
 
 The stage stamp covers the corpus files, the vocab and data sections, so a changed corpus or
 vocabulary redoes both the models and the encoding.
@@ -23,12 +32,14 @@ than the corpus supports is trained with `hard_vocab_limit=False` (a smaller mod
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import functools
+import io
 import json
-import os
+import multiprocessing
 import shutil
-import tempfile
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import sentencepiece as spm
@@ -44,6 +55,7 @@ from nmt.data.passthrough import PLACEHOLDERS, masked_corpus
 from nmt.data.readers import count_lines
 from nmt.data.recipes import SPLITS
 from nmt.data.tokenizer import Tokenizer
+from nmt.data.vocab_sample import draw_sample
 from nmt.errors import NmtError
 from nmt.files import atomic_path
 from nmt.runs import checkpoint_run, clear_stamp, hash_files, is_fresh, stamp_path, write_stamp
@@ -54,28 +66,30 @@ _BYTE_PIECES = 256
 
 # --------------------------------------------------------------------------- training
 
+SPM_THREADS = 1  # SentencePiece threads per side: fixed, since another count can change the pieces;
+# the two sides train in parallel processes instead (vocab.workers >= 2)
 
-def _char_counts(path: Path, max_lines: int) -> collections.Counter:
+
+def _char_counts(path: Path) -> collections.Counter:
     """Character frequencies as SentencePiece sees them (a space or line start is one '▁')."""
     counts: collections.Counter = collections.Counter()
     with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f):
-            if n >= max_lines:
-                break
+        for line in f:
             counts.update(line.rstrip("\n").replace(" ", "▁"))
             counts["▁"] += 1
     return counts
 
 
 def _fit_chars(
-    path: Path, size: int, coverage: float, byte_fallback: bool, key: str, max_lines: int, symbols: int = 0
+    sample: Path, text: Path, size: int, coverage: float, byte_fallback: bool, key: str, symbols: int = 0
 ) -> set[str] | None:
-    """None when the characters `coverage` requires fit in `size`; else the most frequent ones that do.
+    """None when the characters `coverage` requires in `sample` fit in `size`; else the most
+    frequent ones that do. `text` (the corpus file the sample was drawn from) names errors.
 
     SentencePiece refuses a coverage below 0.98, so with byte fallback the rarer characters are
     instead left out of its training text (they encode as byte pieces).
     """
-    counts = _char_counts(path, max_lines)
+    counts = _char_counts(sample)
     freqs = sorted(counts.values(), reverse=True)
     total, reserved = sum(freqs), _META_PIECES + symbols + (_BYTE_PIECES if byte_fallback else 0)
     cumulative, needed = 0, 0
@@ -89,7 +103,7 @@ def _fit_chars(
         return None
     if not byte_fallback or room < 16:
         raise NmtError(
-            f"vocab.{key}={size} is too small for {path}: coverage {coverage} needs {needed} characters plus "
+            f"vocab.{key}={size} is too small for {text}: coverage {coverage} needs {needed} characters plus "
             f"{reserved} special/byte pieces; use vocab.{key} >= {needed + reserved}"
         )
     keep = room - max(1, room // 10)  # leave room for a few multi-character pieces
@@ -101,19 +115,18 @@ def _fit_chars(
     return allowed
 
 
-def _filtered_copy(text: Path, dest: Path, allowed: set[str], max_lines: int) -> Path:
-    with open(text, encoding="utf-8") as f, open(dest, "w", encoding="utf-8") as out:
-        for n, line in enumerate(f):
-            if n >= max_lines:
-                break
-            out.write("".join(c for c in line.rstrip("\n") if c == " " or c in allowed) + "\n")
-    return dest
+def _sentences(sample: Path, allowed: set[str] | None) -> Iterator[str]:
+    """The sample's lines as SentencePiece trains on them: with `allowed`, other characters dropped."""
+    with open(sample, encoding="utf-8") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            yield "".join(c for c in line if c == " " or c in allowed) if allowed else line
 
 
-def _spm_options(v: VocabConfig, text: Path, prefix: Path, size: int, coverage: float, byte_fallback: bool) -> dict:
-    return {
-        "input": str(text),
-        "model_prefix": str(prefix),
+def _spm_options(v: VocabConfig, size: int, coverage: float, byte_fallback: bool, symbols: list[str]) -> dict:
+    """SentencePiece's settings. No path among them (the text comes from an iterator, the model
+    goes to memory), so the model, which stores them, holds none; the whole sample is used."""
+    opts = {
         "model_type": v.type,
         "vocab_size": size,
         "character_coverage": coverage,
@@ -122,17 +135,56 @@ def _spm_options(v: VocabConfig, text: Path, prefix: Path, size: int, coverage: 
         "unk_id": UNK_ID,
         "bos_id": BOS_ID,
         "eos_id": EOS_ID,
-        "input_sentence_size": v.max_sentences,
-        "shuffle_input_sentence": True,
+        "input_sentence_size": 0,  # the sample is drawn by nmt (nmt.data.vocab_sample)
+        "shuffle_input_sentence": False,
         "normalization_rule_name": "identity",
-        "num_threads": 2,
+        "num_threads": SPM_THREADS,
         "minloglevel": 2,
     }
+    return opts | ({"user_defined_symbols": symbols} if symbols else {})
 
 
-def train_model(config: Config, text: Path, model: Path, side: str) -> dict:
-    """Train one SentencePiece model (side "src" or "tgt") from `text` into `model` (+ .vocab), atomically."""
-    v, key = config.vocab, f"{side}_size"
+def _spm_train(opts: dict, sample: Path, allowed: set[str] | None) -> bytes:
+    """The serialised model SentencePiece trains with `opts` on the sample (see `_sentences`)."""
+    writer = io.BytesIO()
+    spm.SentencePieceTrainer.train(**opts, sentence_iterator=_sentences(sample, allowed), model_writer=writer)
+    return writer.getvalue()
+
+
+def _train_bytes(opts: dict, sample: Path, allowed: set[str] | None, text: Path, key: str) -> bytes:
+    """`_spm_train`, retried with `hard_vocab_limit=False` for a size larger than the text supports;
+    any other failure is an NmtError naming the size key and `text`."""
+    try:
+        try:
+            return _spm_train(opts, sample, allowed)
+        except RuntimeError as e:
+            if "Vocabulary size too high" not in str(e):
+                raise
+            return _spm_train(opts | {"hard_vocab_limit": False}, sample, allowed)
+    except RuntimeError as e:
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise NmtError(f"vocab.{key}={opts['vocab_size']}: SentencePiece failed on {text}: {message}") from None
+
+
+def _write_model(proto: bytes, model: Path) -> int:
+    """`model` and its `.vocab` (piece, score per line, as SentencePiece writes it), atomically;
+    returns the number of pieces."""
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    pieces = sp.get_piece_size()
+    with atomic_path(model.with_suffix(".vocab")) as tmp:
+        tmp.write_text("".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(pieces)), encoding="utf-8")
+    with atomic_path(model) as tmp:
+        tmp.write_bytes(proto)
+    return pieces
+
+
+def train_model(config: Config, sample: Path, model: Path, side: str, text: Path | None = None) -> dict:
+    """Train one SentencePiece model (side "src" or "tgt") on `sample` into `model` (+ .vocab), atomically.
+
+    `text`: the corpus file the sample was drawn from, named in errors and warnings (default: `sample`).
+    The model's bytes depend only on the sample, the config and SPM_THREADS.
+    """
+    v, key, text = config.vocab, f"{side}_size", text or sample
     size, coverage = (v.src_size, v.src_coverage) if side == "src" else (v.tgt_size, v.tgt_coverage)
     chinese = (config.data.src_lang if side == "src" else config.data.tgt_lang) == "zh"
     coverage = coverage if coverage is not None else (0.9995 if chinese else 1.0)  # by language
@@ -141,28 +193,10 @@ def train_model(config: Config, text: Path, model: Path, side: str) -> dict:
     bt = config.data.backtranslation
     if side == "src" and bt is not None and bt.tag:
         symbols.append(BT_TAG)  # one piece of the source vocabulary, which the target never has
-    allowed = _fit_chars(text, size, coverage, byte_fallback, key, v.max_sentences, len(symbols))
-    model.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{model.stem}.", dir=model.parent))
-    try:
-        source = _filtered_copy(text, tmp_dir / "input.txt", allowed, v.max_sentences) if allowed else text
-        opts = _spm_options(v, source, tmp_dir / "m", size, coverage, byte_fallback)
-        if symbols:
-            opts["user_defined_symbols"] = symbols
-        spm.set_random_generator_seed(config.data.seed)
-        try:
-            spm.SentencePieceTrainer.train(**opts)
-        except RuntimeError as e:
-            if "Vocabulary size too high" not in str(e):
-                raise NmtError(
-                    f"vocab.{key}={size}: SentencePiece failed on {text}: {str(e).splitlines()[0]}"
-                ) from None
-            spm.SentencePieceTrainer.train(**opts, hard_vocab_limit=False)
-        os.replace(tmp_dir / "m.vocab", model.with_suffix(".vocab"))
-        os.replace(tmp_dir / "m.model", model)
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-    got = spm.SentencePieceProcessor(model_file=str(model)).get_piece_size()
+    allowed = _fit_chars(sample, text, size, coverage, byte_fallback, key, len(symbols))
+    spm.set_random_generator_seed(config.data.seed)
+    proto = _train_bytes(_spm_options(v, size, coverage, byte_fallback, symbols), sample, allowed, text, key)
+    got = _write_model(proto, model)
     if got < size:
         warnings.warn(f"vocab.{key}={size} is more than {text} supports; trained {got} pieces", stacklevel=2)
     return {
@@ -170,7 +204,68 @@ def train_model(config: Config, text: Path, model: Path, side: str) -> dict:
         "requested_size": size,
         "byte_fallback": byte_fallback,
         "chars_limited": allowed is not None,
+        "threads": SPM_THREADS,
     }
+
+
+def _train_side(config: Config, sample: Path, model: Path, side: str, text: Path) -> tuple[dict, list[str]]:
+    """`train_model` with its warnings returned rather than shown: a worker process's warnings
+    would be lost, so they go back to `train_models`, which shows them in side order."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = train_model(config, sample, model, side, text)
+    return result, [str(w.message) for w in caught]
+
+
+def _in_processes(fn: Callable, jobs: list[tuple], at_once: int, folder: Path) -> list:
+    """`fn(*job)` for each job in processes of their own, `at_once` at a time, fresh ones per batch;
+    results in job order. Every job of a batch ends (done or failed) before the batch's first
+    failure, in job order, is raised; a process that died (killed, out of memory) is an NmtError.
+
+    A process per batch gives its memory back to the system when it ends: the sample's Python
+    objects and SentencePiece's arrays never stay in `nmt vocab`'s own process.
+    """
+    results: list = []
+    for start in range(0, len(jobs), at_once):
+        batch = jobs[start : start + at_once]
+        with concurrent.futures.ProcessPoolExecutor(len(batch), mp_context=multiprocessing.get_context()) as pool:
+            futures = [pool.submit(fn, *job) for job in batch]
+            concurrent.futures.wait(futures)
+        try:
+            results += [f.result() for f in futures]
+        except concurrent.futures.process.BrokenProcessPool:
+            raise NmtError(
+                f"vocab: a process training the vocabularies of {folder} died (out of memory? lower "
+                "vocab.sample_chars); run `nmt vocab` again"
+            ) from None
+    return results
+
+
+def _remove_partial_files(folder: Path) -> None:
+    """Remove what a killed run left half-written in `folder` (`atomic_path`'s `.<name>.*.tmp`)."""
+    for partial in folder.glob(".*.tmp"):
+        partial.unlink(missing_ok=True)
+
+
+def train_models(config: Config, run_dir: Path, texts: dict, langs: tuple[str, str]) -> dict:
+    """Draw the sample `<run>/vocab/sample.{lang}` of `texts` ({"train.<lang>": Path}) and train
+    `<run>/vocab/{lang}.model` on it for both sides; returns {lang: train_model's dict + "sample"}."""
+    v, folder = config.vocab, Path(run_dir) / "vocab"
+    sources = tuple(Path(texts[f"train.{lang}"]) for lang in langs)
+    samples = tuple(folder / f"sample.{lang}" for lang in langs)
+    _remove_partial_files(folder)
+    (stats,) = _in_processes(
+        draw_sample, [(sources, samples, v.sample_chars, v.max_sentences, config.data.seed)], 1, folder
+    )
+    jobs = [
+        (config, sample, folder / f"{lang}.model", side, source)
+        for lang, side, sample, source in zip(langs, ("src", "tgt"), samples, sources, strict=True)
+    ]
+    results = _in_processes(_train_side, jobs, 2 if v.workers >= 2 else 1, folder)
+    for _, caught in results:
+        for message in caught:
+            warnings.warn(message, UserWarning, stacklevel=3)
+    return {lang: r | {"sample": s} for lang, (r, _), s in zip(langs, results, stats, strict=True)}
 
 
 # --------------------------------------------------------------------------- encoding and report
@@ -301,14 +396,7 @@ def build_vocab(config: Config, run_dir: Path) -> dict:
     clear_stamp(run_dir, "vocab")
     with masked_corpus(config, run_dir, SPLITS) as masked:  # None when pass-through is off
         texts = masked or {f"train.{lang}": run_dir / "corpus" / f"train.{lang}" for lang in langs}
-        models = (
-            _copy_models(config, run_dir)
-            if reused
-            else {
-                lang: train_model(config, texts[f"train.{lang}"], run_dir / "vocab" / f"{lang}.model", side)
-                for lang, side in zip(langs, ("src", "tgt"), strict=True)
-            }
-        )
+        models = _copy_models(config, run_dir) if reused else train_models(config, run_dir, texts, langs)
         report = _report(models, _encode_splits(config, run_dir, langs, masked), langs)
         if masked:
             report["passthrough"] = masked["stats"]

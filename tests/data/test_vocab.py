@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import multiprocessing
+import os
+import random
 import shutil
+import signal
+import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -12,13 +18,14 @@ import pytest
 
 from nmt import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt.config import Config, config_from_dict
+from nmt.data import vocab as vocab_module
 from nmt.data.corpus import prepare_corpus
 from nmt.data.encoded import ParallelSplit
 from nmt.data.normalize import normalize_source, normalize_target
 from nmt.data.passthrough import PLACEHOLDERS, Detector, mask_pair
 from nmt.data.tokenizer import Tokenizer, load_tokenizers
 from nmt.data.vocab import build_vocab
-from nmt.errors import NmtError
+from nmt.errors import ConfigError, NmtError
 
 
 def config(vocab: dict | None = None, **data) -> Config:
@@ -242,3 +249,104 @@ def test_missing_corpus_and_models_raise(tmp_path):
         load_tokenizers(tmp_path, config())
     with pytest.raises(NmtError, match="not found"):
         Tokenizer(tmp_path / "x.model")
+
+
+# --------------------------------------------------------------------------- deterministic, bounded vocabularies
+
+VOCAB_FILES = ("zh.model", "en.model", "zh.vocab", "en.vocab", "sample.zh", "sample.en")
+
+
+def vocab_bytes(run: Path) -> dict[str, bytes]:
+    return {name: (run / "vocab" / name).read_bytes() for name in VOCAB_FILES}
+
+
+def spec_strings(message) -> list[str]:
+    """Every string held by a protobuf message (repeated fields included)."""
+    out: list[str] = []
+    for fd, value in message.ListFields():
+        if fd.type == fd.TYPE_STRING:
+            out += list(value) if isinstance(value, Iterable) and not isinstance(value, str) else [value]
+    return out
+
+
+def test_models_hold_no_path_of_the_machine(real_run):
+    """SentencePiece stores its settings in the model: none may be a path (of the run, of /tmp)."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    cfg, run, report = real_run
+    for lang in ("zh", "en"):
+        raw = (run / "vocab" / f"{lang}.model").read_bytes()
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(raw)
+        spec = proto.trainer_spec
+        assert list(spec.input) == [] and spec.model_prefix == "" and spec.input_sentence_size == 0
+        assert spec.num_threads == report[lang]["threads"] == 1
+        strings = spec_strings(spec) + spec_strings(proto.normalizer_spec)
+        assert strings and not [s for s in strings if "/" in s or tempfile.gettempdir() in s]
+        assert str(run).encode() not in raw and str(run.parent).encode() not in raw
+
+
+def test_models_are_byte_identical_across_run_directories_workers_and_pair_order(real_run, tmp_path):
+    """1 or 2 workers, another run directory, the train pairs in another order: the same bytes."""
+    reference = vocab_bytes(real_run[1])  # workers 2
+    for name, workers, shuffled in (("one", 1, False), ("two", 2, False), ("shuffled", 2, True)):
+        run = tmp_path / name
+        shutil.copytree(real_run[1] / "corpus", run / "corpus")
+        if shuffled:
+            pairs = list(zip(lines(run / "corpus/train.zh"), lines(run / "corpus/train.en"), strict=True))
+            random.Random(5).shuffle(pairs)
+            for i, lang in enumerate(("zh", "en")):
+                (run / f"corpus/train.{lang}").write_text("".join(p[i] + "\n" for p in pairs), encoding="utf-8")
+        build_vocab(config({"workers": workers}), run)
+        assert vocab_bytes(run) == reference, name
+
+
+def test_sample_is_bounded_by_vocab_sample_chars(real_run, tmp_path):
+    run = copy_run(tmp_path, real_run)
+    cfg = config({"sample_chars": 3000, "src_size": 700, "tgt_size": 300})
+    report = build_vocab(cfg, run)
+    longest = max(map(len, lines(run / "corpus/train.zh")))
+    for lang in ("zh", "en"):
+        sample = report[lang]["sample"]
+        text = lines(run / "vocab" / f"sample.{lang}")
+        assert 3000 <= sample["chars"] == sum(map(len, text)) < 3000 + max(longest, 300)
+        assert sample["sentences"] == len(text) < sample["of_sentences"] == 1500
+    assert report["zh"]["sample"]["sentences"] > report["en"]["sample"]["sentences"]  # zh lines are shorter
+    capped = build_vocab(config({"sample_chars": 3000, "max_sentences": 40, "src_size": 700, "tgt_size": 300}), run)
+    assert capped["zh"]["sample"]["sentences"] == capped["en"]["sample"]["sentences"] == 40
+
+
+def dying_side(real_train_model, kill: bool):
+    """`train_model` whose target side leaves a half-written model and then dies (SIGKILL) or raises."""
+
+    def train_model(config, sample, model, side, text=None):
+        if side == "src":
+            return real_train_model(config, sample, model, side, text)
+        (model.parent / f".{model.name}.halfwritten.tmp").write_bytes(b"\x0a\x02")
+        if kill:
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError("interrupted")
+
+    return train_model
+
+
+@pytest.mark.parametrize(("workers", "kill"), [(1, True), (2, True), (2, False)])
+def test_an_interrupted_build_then_a_rerun_ends_with_the_same_bytes(real_run, tmp_path, monkeypatch, workers, kill):
+    """The target side dies half-way (its process killed, or an exception); the rerun removes
+    what was half-written and ends with the bytes of an uninterrupted build."""
+    if multiprocessing.get_start_method() != "fork":
+        pytest.skip("the failing side is patched in; only forked workers see the patch")
+    run = copy_run(tmp_path, real_run)
+    cfg = config({"workers": workers})
+    monkeypatch.setattr(vocab_module, "train_model", dying_side(vocab_module.train_model, kill))
+    with pytest.raises(NmtError if kill else RuntimeError, match="died" if kill else "interrupted"):
+        build_vocab(cfg, run)
+    assert not (run / "vocab.stamp.json").exists() and list((run / "vocab").glob(".*.tmp"))
+    monkeypatch.undo()
+    build_vocab(cfg, run)
+    assert vocab_bytes(run) == vocab_bytes(real_run[1]) and not list((run / "vocab").glob(".*.tmp"))
+
+
+def test_sample_chars_must_be_positive():
+    with pytest.raises(ConfigError, match=r"vocab\.sample_chars"):
+        config({"sample_chars": 0})

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from nmt.config import Config, config_from_dict
-from nmt.data.corpus import length_ratio, prepare_corpus
+from nmt.data.clean import length_ratio
+from nmt.data.corpus import prepare_corpus
 from nmt.data.normalize import normalize_source, normalize_target
 from nmt.data.recipes import RECIPES
 from nmt.errors import NmtError

@@ -3,7 +3,7 @@ worker process, its kept pairs written to a work folder, the results taken in un
 
 Rules, in order (the first that applies names the drop): `empty` (a side empty after
 normalisation), `too_long` (a side longer than `data.max_chars` characters), `ratio` (length
-ratio above `data.max_ratio`), `overlap` (a side equal to a valid/test side, `held`). Duplicates
+ratio above `data.max_ratio`), `overlap` (a side equal to a valid/test side after normalisation, `Held`). Duplicates
 and the `max_train_pairs` sample are decided afterwards over all units (`nmt.data.dedup`,
 `nmt.data.sample`), from the pair hashes written here.
 
@@ -39,7 +39,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from nmt.config import DataConfig
-from nmt.data.normalize import normalize_source, normalize_target
+from nmt.data.normalize import normalize_text
 from nmt.data.readers import Source
 from nmt.data.recipes import BadLines, Recipe
 from nmt.data.units import Unit, plan_units, unit_records
@@ -63,13 +63,16 @@ def length_ratio(src: str, tgt: str, data: DataConfig) -> float:
 
 
 def text_hash(text: str) -> int:
-    """64-bit blake2b of the UTF-8 text: the key of dedup and of the overlap guard."""
+    """64-bit blake2b of the UTF-8 text: a pair's key for dedup (of source TAB target)."""
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
 
 
-def held_keys(src: str, tgt: str) -> tuple[int, int]:
-    """The overlap guard's keys of a normalised valid/test pair (one per side)."""
-    return text_hash("S" + src), text_hash("T" + tgt)
+@dataclass(frozen=True)
+class Held:
+    """The overlap guard: the normalised sources and targets of valid and test (small sets)."""
+
+    src: frozenset[str] = frozenset()
+    tgt: frozenset[str] = frozenset()
 
 
 def _huge(text: str, limit: int) -> bool:
@@ -77,20 +80,28 @@ def _huge(text: str, limit: int) -> bool:
     return len(text) > GUARD * limit and sum(map(len, text.split())) > GUARD * limit
 
 
-def clean_pair(src: str, tgt: str, data: DataConfig, held: frozenset[int]) -> tuple[str | None, str, str]:
-    """(the rule that drops the pair or None, normalised source, normalised target)."""
-    if _huge(src, data.max_chars) or _huge(tgt, data.max_chars):
-        return "too_long", src, tgt
-    s, t = normalize_source(src, data), normalize_target(tgt, data)
-    if not s or not t:
-        return "empty", s, t
-    if len(s) > data.max_chars or len(t) > data.max_chars:
-        return "too_long", s, t
-    if length_ratio(s, t, data) > data.max_ratio:
-        return "ratio", s, t
-    if held and (text_hash("S" + s) in held or text_hash("T" + t) in held):
-        return "overlap", s, t
-    return None, s, t
+class Rules:
+    """The cleaning rules of one config, its settings looked up once (a pair costs microseconds)."""
+
+    def __init__(self, data: DataConfig, held: Held) -> None:
+        self.data, self.held, self.limit, self.ratio = data, held, data.max_chars, data.max_ratio
+        self.zh = (data.src_lang.startswith("zh"), data.tgt_lang.startswith("zh"))
+
+    def __call__(self, src: str, tgt: str) -> tuple[str | None, str, str]:
+        """(the rule that drops the pair or None, normalised source, normalised target)."""
+        if _huge(src, self.limit) or _huge(tgt, self.limit):
+            return "too_long", src, tgt
+        s, t = normalize_text(src, self.data, self.zh[0]), normalize_text(tgt, self.data, self.zh[1])
+        if not s or not t:
+            return "empty", s, t
+        if len(s) > self.limit or len(t) > self.limit:
+            return "too_long", s, t
+        a, b = max(_scaled_len(s, self.zh[0]), 1.0), max(_scaled_len(t, self.zh[1]), 1.0)
+        if (a / b if a > b else b / a) > self.ratio:
+            return "ratio", s, t
+        if s in self.held.src or t in self.held.tgt:
+            return "overlap", s, t
+        return None, s, t
 
 
 # --------------------------------------------------------------------------- one unit, in a worker
@@ -98,8 +109,8 @@ def clean_pair(src: str, tgt: str, data: DataConfig, held: frozenset[int]) -> tu
 _WORKER: dict = {}
 
 
-def _init_worker(data: DataConfig, held: frozenset[int], folder: Path) -> None:
-    _WORKER.update(data=data, held=held, folder=folder)
+def _init_worker(data: DataConfig, held: Held, folder: Path) -> None:
+    _WORKER.update(data=data, rules=Rules(data, held), folder=folder)
 
 
 def unit_path(folder: Path, index: int, suffix: str) -> Path:
@@ -109,7 +120,7 @@ def unit_path(folder: Path, index: int, suffix: str) -> Path:
 def clean_unit(unit: Unit) -> dict:
     """Clean one unit into the work folder, unless a previous run did; its counts: lines, kept,
     dropped by rule, bad lines by reason ([count, first line within the unit])."""
-    data, held, folder = _WORKER["data"], _WORKER["held"], _WORKER["folder"]
+    data, rules, folder = _WORKER["data"], _WORKER["rules"], _WORKER["folder"]
     done = unit_path(folder, unit.index, ".json")
     if done.is_file():
         return json.loads(done.read_text(encoding="utf-8"))
@@ -119,7 +130,7 @@ def clean_unit(unit: Unit) -> dict:
     with atomic_path(src) as ps, atomic_path(tgt) as pt:
         with open(ps, "w", encoding="utf-8") as fs, open(pt, "w", encoding="utf-8") as ft:
             for _, s, t in unit_records(unit, data, bad, lines):
-                rule, s, t = clean_pair(s, t, data, held)
+                rule, s, t = rules(s, t)
                 if rule is not None:
                     dropped[rule] += 1
                     continue
@@ -147,13 +158,12 @@ def map_ordered(
     fn: Callable, items: Iterable, workers: int, initializer: Callable, initargs: tuple
 ) -> Iterator[tuple[object, object]]:
     """(item, fn(item)) in the order of `items`: in this process for one worker, else in a pool
-    of fresh processes (forkserver: no inherited threads) holding at most 2 × workers items."""
+    (the platform's default start method) holding at most 2 × workers items."""
     if workers <= 1:
         initializer(*initargs)
         yield from ((item, fn(item)) for item in items)
         return
-    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    with multiprocessing.get_context(method).Pool(workers, initializer, initargs) as pool:
+    with multiprocessing.get_context().Pool(workers, initializer, initargs) as pool:
         pending: collections.deque = collections.deque()
         for item in items:
             pending.append((item, pool.apply_async(fn, (item,))))
@@ -194,9 +204,7 @@ def _open_folder(folder: Path, digest: str) -> None:
         atomic_write_json(manifest, {"inputs": digest})
 
 
-def clean_units(
-    source: Source, recipe: Recipe, data: DataConfig, held: frozenset[int], folder: Path, digest: str
-) -> Cleaned:
+def clean_units(source: Source, recipe: Recipe, data: DataConfig, held: Held, folder: Path, digest: str) -> Cleaned:
     """Clean every unit of `source` into `folder` on `data.workers` processes, reusing the units a
     previous run with the same `digest` finished; counts in unit order, bad lines by file line."""
     _open_folder(folder, digest)
@@ -216,7 +224,8 @@ def clean_units(
 
 
 class _progress:
-    """A transient progress bar: units done, pairs read, pairs/s, time left (when the units are known)."""
+    """A transient progress bar: units done, pairs read, pairs/s, time left (when the units are known).
+    Its drawing thread starts at the first unit done, after the worker processes were started."""
 
     def __init__(self, label: str, total: int | None) -> None:
         self.label, self.total = label, total
@@ -231,10 +240,10 @@ class _progress:
         )
 
     def __enter__(self) -> Callable[[int, int], None]:
-        self.bar.start()
         task = self.bar.add_task(Path(self.label).name, total=self.total, pairs=0, rate="")
 
         def advance(units: int, pairs: int) -> None:
+            self.bar.start()  # a no-op once started
             elapsed = self.bar.tasks[task].elapsed or 0.0
             rate = f"{pairs / elapsed:,.0f} pairs/s" if elapsed > 0 else ""
             self.bar.update(task, completed=units, pairs=pairs, rate=rate)

@@ -39,7 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from nmt.config import BT_TAG, Config, DataConfig, stamp_sections
-from nmt.data.clean import Cleaned, clean_units, held_keys, unit_path
+from nmt.data.clean import Cleaned, Held, clean_units, unit_path
 from nmt.data.dedup import first_occurrences
 from nmt.data.normalize import normalize_source, normalize_target, strip_text
 from nmt.data.readers import Source, count_lines, find_sources, read_split
@@ -66,7 +66,7 @@ class _Work:
         return _Work(self.folder / name, self.digest)
 
 
-def _clean(source: Source, recipe: Recipe, data: DataConfig, held: frozenset[int], work: _Work) -> tuple[Cleaned, list]:
+def _clean(source: Source, recipe: Recipe, data: DataConfig, held: Held, work: _Work) -> tuple[Cleaned, list]:
     """The split cleaned unit by unit into `work`, and per unit the mask of its pairs that are
     not repeats of an earlier pair (all True without `data.dedup`)."""
     cleaned = clean_units(source, recipe, data, held, work.folder, work.digest)
@@ -110,7 +110,7 @@ def _selected(unique: list, data: DataConfig) -> tuple[list, int]:
 
 
 def _write_train(
-    source: Source, recipe: Recipe, data: DataConfig, tmp: dict[str, Path], held: frozenset[int], work: _Work
+    source: Source, recipe: Recipe, data: DataConfig, tmp: dict[str, Path], held: Held, work: _Work
 ) -> dict:
     cleaned, unique = _clean(source, recipe, data, held, work)
     dropped = {"bad_line": 0, **cleaned.dropped(), "duplicate": sum(len(m) - int(m.sum()) for m in unique)}
@@ -150,7 +150,7 @@ def _first(masks: list, k: int | None) -> list:
     return out
 
 
-def _write_synthetic(recipe: Recipe, data: DataConfig, tmp: dict[str, Path], held: frozenset[int], work: _Work) -> dict:
+def _write_synthetic(recipe: Recipe, data: DataConfig, tmp: dict[str, Path], held: Held, work: _Work) -> dict:
     """Append the back-translated pairs of `data.backtranslation.corpus` to train, cleaned like real
     ones (the same rules, the overlap guard included), the first `max_pairs` of them, tagged with
     BT_TAG when `tag`."""
@@ -172,7 +172,7 @@ def _write_synthetic(recipe: Recipe, data: DataConfig, tmp: dict[str, Path], hel
 
 
 def _write_eval(
-    source: Source, recipe: Recipe, data: DataConfig, split: str, tmp: dict[str, Path], held: set[int]
+    source: Source, recipe: Recipe, data: DataConfig, split: str, tmp: dict[str, Path], held: tuple[set, set]
 ) -> tuple[dict, BadLines, list[str]]:
     """Raw references: whitespace-stripped only. Valid drops pairs with both sides empty.
 
@@ -191,7 +191,8 @@ def _write_eval(
             fs.write(s + "\n")
             ft.write(t + "\n")
             kept += 1
-            held.update(held_keys(normalize_source(s, data), normalize_target(t, data)))
+            held[0].add(normalize_source(s, data))
+            held[1].add(normalize_target(t, data))
     bad.warn()
     if kept == 0 and source.kind != "none":
         raise NmtError(f"{source.label}: no usable {split} pairs ({bad.count} bad lines)")
@@ -229,14 +230,14 @@ def _write_corpus(sources: dict[str, Source], recipe: Recipe, data: DataConfig, 
     stats: dict = {"corpus": recipe.name}
     with contextlib.ExitStack() as stack:  # every file renamed into place only if all succeed
         tmp = {name: stack.enter_context(atomic_path(out / name)) for name in _output_names(data, codes)}
-        held: set[int] = set()
+        held: tuple[set, set] = (set(), set())
         stats["valid"], _, _ = _write_eval(sources["valid"], recipe, data, "valid", tmp, held)
         stats["test"], bad, labels = _write_eval(sources["test"], recipe, data, "test", tmp, held)
         if sources["test"].kind == "none":
             warnings.warn(f"corpus {recipe.name!r} has no test split; {out}/test.* are empty", stacklevel=2)
         if codes:
             _write_codes(sources["test"], bad, stats["test"]["read"], tmp["test.codes"], labels)
-        guard = frozenset(held) if data.filter_overlap else frozenset()
+        guard = Held(frozenset(held[0]), frozenset(held[1])) if data.filter_overlap else Held()
         stats["train"] = _write_train(sources["train"], recipe, data, tmp, guard, work.split("train"))
         if data.backtranslation is not None:
             stats["backtranslation"] = _write_synthetic(recipe, data, tmp, guard, work.split("backtranslation"))

@@ -89,7 +89,8 @@ def to_simplified(text: str) -> str:
     return _t2s()(text)
 
 
-def _normalize(text: str, data: DataConfig, chinese: bool) -> str:
+def normalize_text(text: str, data: DataConfig, chinese: bool) -> str:
+    """NFKC (`data.nfkc`), Traditional→Simplified when `chinese` (`data.t2s`), whitespace collapsed."""
     if data.nfkc and not unicodedata.is_normalized("NFKC", text):
         text = unicodedata.normalize("NFKC", text)
     if chinese and data.t2s:
@@ -99,8 +100,8 @@ def _normalize(text: str, data: DataConfig, chinese: bool) -> str:
 
 def normalize_source(text: str, data: DataConfig) -> str:
     """What training did to the source side: NFKC, Traditional→Simplified (zh), whitespace collapsed."""
-    return _normalize(text, data, data.src_lang.startswith("zh"))
+    return normalize_text(text, data, data.src_lang.startswith("zh"))
 
 
 def normalize_target(text: str, data: DataConfig) -> str:
-    return _normalize(text, data, data.tgt_lang.startswith("zh"))
+    return normalize_text(text, data, data.tgt_lang.startswith("zh"))

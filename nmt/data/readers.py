@@ -86,10 +86,11 @@ def parse_lines(
     """(line number, source, target) of the usable JSONL/TSV lines (`parse`: `PARSERS[kind]`),
     numbered from 1; the others counted in `bad`. `at_start`: the lines begin the file (a
     byte-order mark is dropped from the first one, as Windows editors write one)."""
+    src, tgt = data.src_lang, data.tgt_lang
     for n, raw in enumerate(lines, 1):
         text, reason = decode_line(raw, at_start and n == 1)
         if text is not None:
-            pair = parse(text, data.src_lang, data.tgt_lang) if text.strip() else "blank line"
+            pair = parse(text, src, tgt) if text and not text.isspace() else "blank line"
             if not isinstance(pair, str) and ("\0" in pair[0] or "\0" in pair[1]):
                 pair = "NUL byte"  # written as \u0000 in JSON
             if not isinstance(pair, str):

@@ -228,6 +228,9 @@ def _output_names(data: DataConfig, codes: bool) -> list[str]:
 def _write_corpus(sources: dict[str, Source], recipe: Recipe, data: DataConfig, out: Path, work: _Work) -> dict:
     codes = _codes_source(sources, recipe)
     stats: dict = {"corpus": recipe.name}
+    for name in _output_names(data, True):  # temporary files of a run that was killed
+        for stale in out.glob(f".{name}.*.tmp"):
+            stale.unlink()
     with contextlib.ExitStack() as stack:  # every file renamed into place only if all succeed
         tmp = {name: stack.enter_context(atomic_path(out / name)) for name in _output_names(data, codes)}
         held: tuple[set, set] = (set(), set())

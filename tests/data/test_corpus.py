@@ -518,3 +518,174 @@ def test_an_unreachable_hub_is_probed_once_and_never_loaded(tmp_path, monkeypatc
         prepare_corpus(load_config(root / "configs/tiny.yaml"), tmp_path / "run")
     assert probes == [f"HEAD https://huggingface.co {hub.PROBE_SECONDS}"]
     assert "\n" not in str(err.value) and "--mirror DIR" in str(err.value)
+
+
+# --------------------------------------------------------------------------- units, workers, resume
+
+
+def _many_units(monkeypatch) -> None:
+    """Units of 8 KiB / 100 lines, so that a small corpus is several units."""
+    from nmt.data import units
+
+    monkeypatch.setattr(units, "UNIT_BYTES", 8192)
+    monkeypatch.setattr(units, "UNIT_LINES", 100)
+
+
+def _noisy_train(n: int = 600) -> list[tuple[str, str]]:
+    """Generated pairs (some Traditional), with repeats, full-width forms and a few pairs the rules drop."""
+    from synthetic import pairs
+
+    train = pairs(n, seed=5, traditional=0.4)
+    train += train[::7]  # repeats, far from their first occurrence
+    train += [
+        ("ＡＩ來了。", "AI is here."),
+        ("", "Empty."),
+        ("好。", "A much longer English sentence than the two characters on the other side."),
+    ]
+    return train + [(z.replace("书", "書"), e) for z, e in train[:20]]  # T→S makes these repeats
+
+
+def _corpus_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+@pytest.mark.parametrize("max_train_pairs", [None, 250])
+def test_one_and_two_workers_and_two_run_dirs_give_the_same_bytes(tmp_path, monkeypatch, max_train_pairs):
+    _many_units(monkeypatch)
+    root = mirror(tmp_path / "m", train=_noisy_train())
+    outs = []
+    for workers, run_dir in ((1, "a"), (2, "b"), (2, "c")):
+        cfg = config(workers=workers, max_train_pairs=max_train_pairs)
+        stats = prepare_corpus(cfg, tmp_path / run_dir, mirror=str(root))
+        outs.append(_corpus_bytes(tmp_path / run_dir / "corpus"))
+        assert not (tmp_path / run_dir / "corpus.work").exists()  # removed once the corpus is written
+    assert outs[0] == outs[1] == outs[2]
+    assert stats["train"]["dropped"]["duplicate"] > 80 and stats["train"]["read"] > 700
+    if max_train_pairs:
+        assert stats["train"]["kept"] == 250
+    check_invariant(stats)
+
+
+def test_units_do_not_change_what_is_kept_or_its_order(tmp_path, monkeypatch):
+    """Without max_train_pairs, many units give what one unit gives: the first occurrence of each
+    pair, in input order (the rule of the one-process cleaner)."""
+    root = mirror(tmp_path / "m", train=_noisy_train())
+    prepare_corpus(config(workers=1), tmp_path / "one", mirror=str(root))
+    _many_units(monkeypatch)
+    prepare_corpus(config(workers=2), tmp_path / "many", mirror=str(root))
+    assert _corpus_bytes(tmp_path / "one/corpus") == _corpus_bytes(tmp_path / "many/corpus")
+    expected, seen, data = [], set(), config().data
+    for z, e in _noisy_train():
+        pair = (normalize_source(z, data), normalize_target(e, data))
+        if pair not in seen and all(pair) and length_ratio(*pair, data) <= 9:
+            expected.append(pair)
+        seen.add(pair)
+    out = tmp_path / "many/corpus"
+    assert list(zip(lines(out / "train.zh"), lines(out / "train.en"), strict=True)) == expected
+
+
+KILLER = """
+import os, signal, sys
+from pathlib import Path
+from nmt.config import config_from_dict
+from nmt.data import clean, corpus, units
+units.UNIT_BYTES = 8192
+original, done = clean.clean_unit, []
+def dying_unit(unit):
+    if len(done) == 3:
+        os.kill(os.getpid(), signal.SIGKILL)  # killed in the middle of the stage
+    done.append(original(unit))
+    return done[-1]
+clean.clean_unit = dying_unit
+cfg = config_from_dict({"name": "t", "data": {"corpus": "tatoeba", "workers": 1}})
+corpus.prepare_corpus(cfg, Path(sys.argv[1]), mirror=sys.argv[2])
+"""
+
+
+def test_a_killed_run_continues_at_the_first_unfinished_unit_with_the_same_bytes(tmp_path, monkeypatch):
+    from nmt.data import clean
+
+    _many_units(monkeypatch)
+    root = mirror(tmp_path / "m", train=_noisy_train())
+    prepare_corpus(config(workers=1), tmp_path / "whole", mirror=str(root))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    killed = subprocess.run([sys.executable, "-c", KILLER, str(tmp_path / "run"), str(root)], env=env)
+    assert killed.returncode == -9
+    work = tmp_path / "run/corpus.work/train"
+    assert len(list(work.glob("u*.json"))) == 3 and not (tmp_path / "run/corpus/train.zh").exists()
+    original, calls = clean.clean_unit, []
+
+    def counting_unit(unit):
+        calls.append(clean.unit_path(work, unit.index, ".json").is_file())
+        return original(unit)
+
+    monkeypatch.setattr(clean, "clean_unit", counting_unit)
+    prepare_corpus(config(workers=1), tmp_path / "run", mirror=str(root))
+    assert calls[:3] == [True, True, True] and not any(calls[3:]) and len(calls) > 5  # 3 reused, the rest done
+    assert _corpus_bytes(tmp_path / "run/corpus") == _corpus_bytes(tmp_path / "whole/corpus")
+
+
+def test_a_changed_input_does_not_reuse_finished_units(tmp_path, monkeypatch):
+    _many_units(monkeypatch)
+    root = mirror(tmp_path / "m", train=_noisy_train())
+    work = tmp_path / "run/corpus.work/train"
+    work.mkdir(parents=True)
+    (work / "manifest.json").write_text('{"inputs": "another digest"}')
+    (work / "u000000.json").write_text('{"lines": 1, "kept": 0, "dropped": {}, "bad": {}}')  # would be wrong
+    prepare_corpus(config(workers=1), tmp_path / "run", mirror=str(root))
+    prepare_corpus(config(workers=1), tmp_path / "fresh", mirror=str(root))
+    assert _corpus_bytes(tmp_path / "run/corpus") == _corpus_bytes(tmp_path / "fresh/corpus")
+
+
+def test_the_manifest_holds_each_file_hash_and_line_count(tmp_path):
+    import hashlib
+
+    _, out = run(tmp_path)
+    manifest = json.loads((out / "manifest.json").read_text())
+    for name in ("train.zh", "train.en", "valid.zh", "test.en", "stats.json"):
+        data = (out / name).read_bytes()
+        assert manifest["files"][name] == {"sha256": hashlib.sha256(data).hexdigest(), "lines": data.count(b"\n")}
+    assert manifest["kept"]["train"] == len(lines(out / "train.zh"))
+
+
+# --------------------------------------------------------------------------- bad input at scale
+
+
+def test_every_bad_line_is_counted_by_reason_with_its_first_line(tmp_path, monkeypatch):
+    _many_units(monkeypatch)
+    good = [json.dumps({"translation": {"zh": z, "en": e}}, ensure_ascii=False).encode() for z, e in _noisy_train()]
+    bad = {
+        30: b'{"translation": {"zh": "\xff\xfe", "en": "x"}}',  # invalid UTF-8
+        31: b'{"translation": {"zh": "a\x00b", "en": "x"}}',  # a raw NUL byte
+        90: b'{"translation": {"zh": "a\\u0000b", "en": "x"}}',  # a NUL written as an escape
+        200: b'{"translation": {"zh": "' + "长".encode() * (4 << 20) + b'", "en": "x"}}',  # a 12 MB line
+        400: b'{"translation": {"zh": "x"',  # malformed JSON
+        401: b'{"translation": {"en": "only English"}}',  # a record without one side
+        650: b"   ",  # blank
+        651: b"not json",
+    }
+    rows = list(good)
+    for i in sorted(bad):
+        rows.insert(i, bad[i])
+    root = mirror(tmp_path / "m", subdir="")
+    (root / "train.jsonl").write_bytes(b"\n".join(rows) + b"\n")
+    with pytest.warns(
+        UserWarning,
+        match=r"train\.jsonl:31: invalid UTF-8 \(skipped 8 bad lines\); 2 NUL byte \(first line 32\), .*"
+        r"2 invalid JSON \(first line 401\)",
+    ):
+        stats = prepare_corpus(config(workers=2), tmp_path / "run", mirror=str(root))
+    assert (
+        stats["train"]["bad_lines"]
+        == {
+            "NUL byte": {"count": 2, "first_line": 32},
+            "blank line": {"count": 1, "first_line": 651},
+            "invalid JSON": {"count": 2, "first_line": 401},
+            "invalid UTF-8": {"count": 1, "first_line": 31},
+            "line longer than 1 MiB": {"count": 1, "first_line": 201},
+            "record missing 'zh'": {"count": 1, "first_line": 402},
+        }
+        | {}
+    )
+    assert stats["train"]["dropped"]["bad_line"] == 8
+    check_invariant(stats)

@@ -42,7 +42,7 @@ from nmt.config import BT_TAG, Config, DataConfig, stamp_sections
 from nmt.data.clean import Cleaned, Held, clean_units, unit_path
 from nmt.data.dedup import first_occurrences
 from nmt.data.normalize import normalize_source, normalize_target, strip_text
-from nmt.data.readers import Source, count_lines, find_sources, read_split
+from nmt.data.readers import Source, check_aligned, count_lines, find_sources, read_split
 from nmt.data.recipes import SPLITS, BadLines, Recipe, get_recipe
 from nmt.data.sample import sample_masks
 from nmt.errors import NmtError
@@ -294,6 +294,9 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
     data, run_dir = config.data, Path(run_dir)
     recipe = get_recipe(data.corpus)
     sources = find_sources(recipe, data, mirror)
+    for source in sources.values():  # differing plain files stop before any work
+        if source.kind == "plain":
+            check_aligned(*source.paths)
     out = run_dir / "corpus"
     files = [p for s in sources.values() for p in s.paths]
     if data.backtranslation is not None and (Path(data.backtranslation.corpus) / "train.jsonl").is_file():

@@ -59,13 +59,14 @@ class Unit:
 
 def plan_units(source: Source, recipe: Recipe, data: DataConfig, bad: BadLines) -> tuple[int | None, Iterator[Unit]]:
     """(number of units if known before reading, the units in order) of one split. Hub rows
-    are read here, their bad rows counted in `bad`; plain files are checked to align first."""
+    are read here, their bad rows counted in `bad`. Plain files whose line counts differ are an
+    NmtError naming both: before the first unit when uncompressed (their lines are counted to
+    plan the units), when one ends first otherwise."""
     if source.kind == "hub":
         rows = read_split(source, recipe, data, bad)
         return None, (Unit(i, "pairs", rows=block) for i, block in enumerate(_blocks(rows)))
     if source.kind == "plain":
         if any(map(is_compressed, source.paths)):
-            check_aligned(*source.paths)
             return None, _streamed(source)
         starts = _plain_starts(*source.paths)
         units = [Unit(i, "plain", source.paths, s, UNIT_LINES) for i, s in enumerate(starts)]
@@ -89,6 +90,9 @@ def _streamed(source: Source) -> Iterator[Unit]:
         lines = zip(*files, strict=True) if source.kind == "plain" else files[0]
         for i, block in enumerate(_blocks(iter(lines))):
             yield Unit(i, source.kind, rows=block)
+    except ValueError:  # zip: one file ended first (prepare_corpus checks the counts before reading)
+        check_aligned(*source.paths)
+        raise
     finally:
         for f in files:
             f.close()

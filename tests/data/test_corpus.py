@@ -689,3 +689,69 @@ def test_every_bad_line_is_counted_by_reason_with_its_first_line(tmp_path, monke
     )
     assert stats["train"]["dropped"]["bad_line"] == 8
     check_invariant(stats)
+
+
+def _formats(root: Path, train: list[tuple[str, str]], kind: str, compress: str) -> Path:
+    """A mirror whose train split is `kind` (jsonl, tsv, plain), compressed with `compress` ("", gz, xz)."""
+    import gzip
+    import lzma
+
+    pack = {"": bytes, "gz": gzip.compress, "xz": lzma.compress}[compress]
+    ext = f".{compress}" if compress else ""
+    mirror(root, subdir="")
+    (root / "train.jsonl").unlink()
+    if kind == "plain":
+        (root / f"train.zh{ext}").write_bytes(pack("".join(z + "\n" for z, _ in train).encode()))
+        (root / f"train.en{ext}").write_bytes(pack("".join(e + "\n" for _, e in train).encode()))
+    elif kind == "tsv":
+        (root / f"train.tsv{ext}").write_bytes(pack("".join(f"{z}\t{e}\n" for z, e in train).encode()))
+    else:
+        (root / f"train.jsonl{ext}").write_bytes(pack(write_jsonl(root / "raw", train).read_bytes()))
+        (root / "raw").unlink()
+    return root
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "tsv", "plain"])
+@pytest.mark.parametrize("compress", ["gz", "xz"])
+def test_compressed_local_files_give_the_corpus_of_plain_ones(tmp_path, monkeypatch, kind, compress):
+    _many_units(monkeypatch)
+    train = _noisy_train(300)
+    prepare_corpus(config(workers=2), tmp_path / "a", mirror=str(_formats(tmp_path / "plain", train, kind, "")))
+    stats = prepare_corpus(
+        config(workers=2), tmp_path / "b", mirror=str(_formats(tmp_path / "c", train, kind, compress))
+    )
+    a, b = _corpus_bytes(tmp_path / "a/corpus"), _corpus_bytes(tmp_path / "b/corpus")
+    assert a.keys() == b.keys() and {k: v for k, v in a.items() if k.startswith("train")} == {
+        k: v for k, v in b.items() if k.startswith("train")
+    }
+    assert stats["train"]["source"].endswith(f".{compress}") and stats["train"]["kept"] > 300
+
+
+def test_bad_lines_of_plain_files_are_counted_by_reason(tmp_path, monkeypatch):
+    _many_units(monkeypatch)
+    root = mirror(tmp_path / "m", subdir="")
+    (root / "train.jsonl").unlink()
+    train = _noisy_train(300)
+    zh = [z.encode() for z, _ in train]
+    en = [e.encode() for _, e in train]
+    zh[10], en[150], zh[250] = b"\xff\xfe", b"a\x00b", "长".encode() * (4 << 20)
+    (root / "train.zh").write_bytes(b"\n".join(zh) + b"\n")
+    (root / "train.en").write_bytes(b"\n".join(en) + b"\n")
+    with pytest.warns(UserWarning, match=r"train\.zh\+\.en:11: invalid UTF-8 \(skipped 3 bad lines\)"):
+        stats = prepare_corpus(config(workers=2), tmp_path / "run", mirror=str(root))
+    assert stats["train"]["bad_lines"] == {
+        "NUL byte": {"count": 1, "first_line": 151},
+        "invalid UTF-8": {"count": 1, "first_line": 11},
+        "line longer than 1 MiB": {"count": 1, "first_line": 251},
+    }
+    check_invariant(stats)
+
+
+def test_plain_files_that_differ_stop_before_any_work(tmp_path):
+    root = _formats(tmp_path / "m", TRAIN, "plain", "gz")
+    (root / "train.en.gz").write_bytes(__import__("gzip").compress(b"one\ntwo\n"))
+    with pytest.raises(
+        NmtError, match=r"train\.zh\.gz has 4 lines but .*train\.en\.gz has 2: parallel files must align"
+    ):
+        prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    assert not (tmp_path / "run").exists()  # nothing read, nothing written

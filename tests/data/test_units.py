@@ -81,11 +81,14 @@ def test_compressed_and_plain_units_read_like_the_whole_file(tmp_path, monkeypat
     assert rows == [(a.decode(), b.decode()) for a, b in zip(zh, en, strict=True)]
 
 
-def test_differing_compressed_plain_files_fail_before_any_unit(tmp_path):
+@pytest.mark.parametrize("suffix", ["", ".xz"])
+def test_differing_plain_files_are_one_error_naming_both(tmp_path, suffix):
     import lzma
 
-    (tmp_path / "t.zh.xz").write_bytes(lzma.compress(b"a\nb\nc\n"))
-    (tmp_path / "t.en.xz").write_bytes(lzma.compress(b"a\nb\n"))
-    source = Source("plain", (tmp_path / "t.zh.xz", tmp_path / "t.en.xz"), "t")
-    with pytest.raises(NmtError, match=r"t\.zh\.xz has 3 lines but .*t\.en\.xz has 2: parallel files must align"):
-        units.plan_units(source, RECIPES["tatoeba"], DataConfig(), BadLines("x"))
+    pack = lzma.compress if suffix else bytes
+    (tmp_path / f"t.zh{suffix}").write_bytes(pack(b"a\nb\nc\n"))
+    (tmp_path / f"t.en{suffix}").write_bytes(pack(b"a\nb\n"))
+    source = Source("plain", (tmp_path / f"t.zh{suffix}", tmp_path / f"t.en{suffix}"), "t")
+    with pytest.raises(NmtError, match=rf"t\.zh{suffix} has 3 lines but .*t\.en{suffix} has 2: parallel files must"):
+        _, planned = units.plan_units(source, RECIPES["tatoeba"], DataConfig(), BadLines("x"))
+        list(planned)

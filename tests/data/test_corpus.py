@@ -755,3 +755,33 @@ def test_plain_files_that_differ_stop_before_any_work(tmp_path):
     ):
         prepare_corpus(config(), tmp_path / "run", mirror=str(root))
     assert not (tmp_path / "run").exists()  # nothing read, nothing written
+
+
+def test_synthetic_pairs_are_cleaned_in_units_and_the_first_max_pairs_appended(tmp_path, monkeypatch):
+    from nmt.config import BT_TAG
+
+    _many_units(monkeypatch)
+    synthetic = [(f"合成句子{i}。", f"Synthetic sentence {i}.") for i in range(400)]
+    synthetic += synthetic[:50] + [VALID[0], ("", "Empty.")]  # repeats, an overlap with valid, an empty side
+    write_jsonl(tmp_path / "bt" / "train.jsonl", synthetic)
+    bt = {"corpus": str(tmp_path / "bt"), "tag": True, "real_upsample": 2, "max_pairs": 300}
+    root = mirror(tmp_path / "m")
+    stats = prepare_corpus(config(backtranslation=bt, workers=2), tmp_path / "run", mirror=str(root))
+    zh = lines(tmp_path / "run/corpus/train.zh")
+    assert zh[: 2 * len(TRAIN)] == [z for z, _ in TRAIN for _ in range(2)]  # real pairs, each twice
+    assert zh[2 * len(TRAIN) :] == [f"{BT_TAG} 合成句子{i}。" for i in range(300)]  # the first 300, tagged
+    s = stats["backtranslation"]
+    assert s["kept"] == 300 and s["dropped"]["duplicate"] == 50 and s["dropped"]["subsampled"] == 100
+    assert s["dropped"]["overlap"] == 1 and s["dropped"]["empty"] == 1 and s["read"] == len(synthetic)
+
+
+def test_the_number_of_workers_is_not_part_of_the_stamp(tmp_path):
+    root = mirror(tmp_path / "m")
+    prepare_corpus(config(workers=1), tmp_path / "run", mirror=str(root))
+    stamp = tmp_path / "run/download.stamp.json"
+    before = stamp.stat().st_mtime_ns
+    time.sleep(0.01)
+    prepare_corpus(config(workers=2), tmp_path / "run", mirror=str(root))
+    assert stamp.stat().st_mtime_ns == before  # the same corpus: skipped
+    prepare_corpus(config(workers=2, seed=9), tmp_path / "run", mirror=str(root))
+    assert stamp.stat().st_mtime_ns != before  # a setting that matters: redone

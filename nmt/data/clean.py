@@ -212,10 +212,10 @@ def clean_units(source: Source, recipe: Recipe, data: DataConfig, held: Held, fo
     total, units = plan_units(source, recipe, data, bad)
     workers = workers_for(data) if total is None else min(workers_for(data), total)
     counts: list[dict] = []
-    with _progress(source.label, total) as advance:
+    with _Progress(source.label, total) as advance:
         for _, result in map_ordered(clean_unit, units, workers, _init_worker, (data, held, folder)):
             counts.append(result)  # type: ignore[arg-type]
-            advance(len(counts), sum(c["lines"] for c in counts))
+            advance(result["lines"])  # type: ignore[index]
     offset = 0
     for c in counts:
         bad.merge(c["bad"], offset)
@@ -223,7 +223,7 @@ def clean_units(source: Source, recipe: Recipe, data: DataConfig, held: Held, fo
     return Cleaned(folder, counts, bad)
 
 
-class _progress:
+class _Progress:
     """A transient progress bar: units done, pairs read, pairs/s, time left (when the units are known).
     Its drawing thread starts at the first unit done, after the worker processes were started."""
 
@@ -239,14 +239,17 @@ class _progress:
             transient=True,
         )
 
-    def __enter__(self) -> Callable[[int, int], None]:
+    def __enter__(self) -> Callable[[int], None]:
         task = self.bar.add_task(Path(self.label).name, total=self.total, pairs=0, rate="")
+        done = [0, 0]  # units, pairs
 
-        def advance(units: int, pairs: int) -> None:
+        def advance(pairs: int) -> None:
+            """One more unit done, of `pairs` lines."""
             self.bar.start()  # a no-op once started
+            done[0], done[1] = done[0] + 1, done[1] + pairs
             elapsed = self.bar.tasks[task].elapsed or 0.0
-            rate = f"{pairs / elapsed:,.0f} pairs/s" if elapsed > 0 else ""
-            self.bar.update(task, completed=units, pairs=pairs, rate=rate)
+            rate = f"{done[1] / elapsed:,.0f} pairs/s" if elapsed > 0 else ""
+            self.bar.update(task, completed=done[0], pairs=done[1], rate=rate)
 
         return advance
 

@@ -61,6 +61,17 @@ def open_binary(path: Path) -> BinaryIO:
     return opener(path, "rb") if opener else open(path, "rb")  # type: ignore[return-value]
 
 
+def bounded_lines(f: BinaryIO) -> Iterator[bytes]:
+    """The lines of an open file, none held longer than MAX_LINE_BYTES + 1 bytes: of a longer
+    line (a file without line breaks, say) only its start is yielded, which `decode_line`
+    rejects, and the rest is read past in pieces."""
+    while raw := f.readline(MAX_LINE_BYTES + 1):
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            while (rest := f.readline(1 << 20)) and not rest.endswith(b"\n"):
+                pass
+        yield raw
+
+
 def is_compressed(path: Path) -> bool:
     return Path(path).suffix in COMPRESSED
 
@@ -134,12 +145,12 @@ def check_aligned(src_path: Path, tgt_path: Path) -> int:
 def _read_plain(src_path: Path, tgt_path: Path, bad: BadLines) -> Iterator[tuple[int, str, str]]:
     check_aligned(src_path, tgt_path)
     with open_binary(src_path) as fs, open_binary(tgt_path) as ft:
-        yield from parse_plain(zip(fs, ft, strict=True), bad)
+        yield from parse_plain(zip(bounded_lines(fs), bounded_lines(ft), strict=True), bad)
 
 
 def _read_lines(path: Path, parse: Callable, data: DataConfig, bad: BadLines) -> Iterator[tuple[int, str, str]]:
     with open_binary(path) as f:  # bytes: a bad line is skipped, not fatal; only b"\n" ends a line
-        yield from parse_lines(f, parse, data, bad)
+        yield from parse_lines(bounded_lines(f), parse, data, bad)
 
 
 PARSERS: dict[str, Callable] = {"jsonl": _parse_json, "tsv": _parse_tsv}

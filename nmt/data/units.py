@@ -27,6 +27,7 @@ from nmt.config import DataConfig
 from nmt.data.readers import (
     PARSERS,
     Source,
+    bounded_lines,
     check_aligned,
     is_compressed,
     open_binary,
@@ -87,7 +88,7 @@ def _streamed(source: Source) -> Iterator[Unit]:
     """Blocks of raw lines of compressed files, read in order."""
     files = [open_binary(p) for p in source.paths]
     try:
-        lines = zip(*files, strict=True) if source.kind == "plain" else files[0]
+        lines = zip(*map(bounded_lines, files), strict=True) if source.kind == "plain" else bounded_lines(files[0])
         for i, block in enumerate(_blocks(iter(lines))):
             yield Unit(i, source.kind, rows=block)
     except ValueError:  # zip: one file ended first (prepare_corpus checks the counts before reading)
@@ -172,7 +173,7 @@ def _unit_lines(unit: Unit) -> Iterator[Iterator]:
             f.seek(start)
         # plain: the counts were checked equal when the units were planned
         yield (
-            itertools.islice(zip(*files, strict=False), unit.size)
+            itertools.islice(zip(*map(bounded_lines, files), strict=False), unit.size)
             if unit.kind == "plain"
             else _range(files[0], unit.size)
         )
@@ -180,7 +181,9 @@ def _unit_lines(unit: Unit) -> Iterator[Iterator]:
 
 def _range(f: BinaryIO, size: int) -> Iterator[bytes]:
     """The lines of an open file from where it stands, `size` bytes of them."""
-    left = size
-    while left > 0 and (raw := f.readline()):
-        left -= len(raw)
-        yield raw
+    end = f.tell() + size
+    if size > 0:
+        for raw in bounded_lines(f):
+            yield raw
+            if f.tell() >= end:
+                break

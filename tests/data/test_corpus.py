@@ -785,3 +785,10 @@ def test_the_number_of_workers_is_not_part_of_the_stamp(tmp_path):
     assert stamp.stat().st_mtime_ns == before  # the same corpus: skipped
     prepare_corpus(config(workers=2, seed=9), tmp_path / "run", mirror=str(root))
     assert stamp.stat().st_mtime_ns != before  # a setting that matters: redone
+
+
+def test_a_negative_worker_count_is_a_config_error():
+    from nmt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"data\.workers.*must be >= 0"):
+        config(workers=-1)

@@ -83,10 +83,10 @@ def decode_line(raw: bytes, first: bool) -> tuple[str | None, str]:
         return None, f"line longer than {MAX_LINE_BYTES >> 20} MiB"
     if b"\0" in raw:
         return None, "NUL byte"
+    if first and raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8) :]
     try:
-        return (raw[len(codecs.BOM_UTF8) :] if first and raw.startswith(codecs.BOM_UTF8) else raw).decode(
-            "utf-8"
-        ).rstrip("\r\n"), ""
+        return raw.decode("utf-8").rstrip("\r\n"), ""
     except UnicodeDecodeError:
         return None, "invalid UTF-8"
 

@@ -106,7 +106,8 @@ def _byte_ranges(path: Path) -> list[tuple[int, int]]:
     with open(path, "rb") as f:
         while starts[-1] + UNIT_BYTES < size:
             f.seek(starts[-1] + UNIT_BYTES - 1)  # from the byte before: a line may start right there
-            f.readline()
+            while (part := f.readline(1 << 20)) and not part.endswith(b"\n"):
+                pass  # a long line is passed in pieces, never held whole
             if f.tell() >= size:
                 break
             starts.append(f.tell())

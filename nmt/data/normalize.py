@@ -59,19 +59,28 @@ class _T2S:
 
     def __init__(self, converter: Any) -> None:
         self.convert = converter.convert
+        self.known = self.exact = False  # known: the converter's dictionaries were read as expected
+        try:
+            self._read(converter)
+        except (AttributeError, TypeError, ValueError):  # another opencc: every sentence goes to it
+            self.known = self.exact = False
+
+    def _read(self, converter: Any) -> None:
         chain = converter._dict_chain_data  # [[(max_len, min_len, {key: value}), ...], ...]
         self.changing = frozenset(
             c for group in chain for _, _, d in group for k, v in d.items() if k != _first(v) for c in k
         )
-        self.exact = len(chain) == 1 and len(chain[0]) == 2 and chain[0][1][:2] == (1, 1)
-        if self.exact:
+        self.known = True
+        if len(chain) == 1 and len(chain[0]) == 2 and chain[0][1][:2] == (1, 1):
             (_, _, phrases), (_, _, chars) = chain[0]
             changed = {k: _first(v) for k, v in chars.items() if k != _first(v)}
-            self.exact = not any(converter.split_chars_re.fullmatch(k) for k in changed)
             self.table = str.maketrans(changed)
             self.phrase = re.compile("|".join(map(re.escape, sorted(phrases, key=len, reverse=True))))
+            self.exact = not any(converter.split_chars_re.fullmatch(k) for k in changed)
 
     def __call__(self, text: str) -> str:
+        if not self.known:
+            return self.convert(text)
         if self.changing.isdisjoint(text):
             return text
         if self.exact and self.phrase.search(text) is None:

@@ -81,3 +81,14 @@ def test_the_t2s_shortcut_equals_the_full_conversion_on_the_real_corpora(shared_
                 assert to_simplified(zh) == full_t2s(zh), f"{path}:{lineno}"
                 n += 1
     assert n > 1000
+
+
+def test_a_converter_of_another_shape_gets_every_sentence():
+    from nmt.data.normalize import _T2S
+
+    class Other:  # no dictionaries where the shortcut looks for them
+        def convert(self, text: str) -> str:
+            return text.replace("書", "书")
+
+    shortcut = _T2S(Other())
+    assert not shortcut.known and shortcut("這本書") == "這本书"

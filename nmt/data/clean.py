@@ -30,6 +30,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,7 +164,7 @@ def map_ordered(
         initializer(*initargs)
         yield from ((item, fn(item)) for item in items)
         return
-    with multiprocessing.get_context().Pool(workers, initializer, initargs) as pool:
+    with multiprocessing.get_context().Pool(workers, _pool_worker, (initializer, *initargs)) as pool:
         pending: collections.deque = collections.deque()
         for item in items:
             pending.append((item, pool.apply_async(fn, (item,))))
@@ -173,6 +174,13 @@ def map_ordered(
         while pending:
             item, result = pending.popleft()
             yield item, result.get()
+
+
+def _pool_worker(initializer: Callable, *initargs: object) -> None:
+    """A pool worker's start: Ctrl-C is the parent's to handle (it stops the pool), not a
+    traceback from every worker."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    initializer(*initargs)
 
 
 @dataclass

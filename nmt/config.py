@@ -241,9 +241,10 @@ def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
 def stamp_sections(config: Config) -> dict[str, dict]:
     """The config's sections as the stage stamps hash them (`nmt.runs.hash_files`): settings
     spelled as before `data.direction`, `train.init_from` and by-language coverage existed, so a
-    run made before them stays fresh and is not redone."""
+    run made before them stays fresh and is not redone. `data.workers` is left out: no output
+    depends on it."""
     sections = config_to_dict(config)
-    data = {k: v for k, v in sections["data"].items() if k != "direction"}
+    data = {k: v for k, v in sections["data"].items() if k not in ("direction", "workers")}
     data |= {"src_lang": config.data.src_lang, "tgt_lang": config.data.tgt_lang}
     vocab = dict(sections["vocab"])
     for side, lang in (("src", config.data.src_lang), ("tgt", config.data.tgt_lang)):

@@ -303,7 +303,7 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
         files.append(Path(data.backtranslation.corpus) / "train.jsonl")
     if _codes_source(sources, recipe) and sources["test"].kind != "hub":
         files.append(sources["test"].paths[0].parent / "test.codes.txt")
-    settings = {k: v for k, v in stamp_sections(config)["data"].items() if k not in ("mirror", "workers")}
+    settings = {k: v for k, v in stamp_sections(config)["data"].items() if k != "mirror"}
     digest = hash_files(
         files,
         extra={"data": settings, "recipe": dataclasses.asdict(recipe), "kinds": [s.kind for s in sources.values()]},

@@ -780,6 +780,9 @@ def test_synthetic_pairs_are_cleaned_in_units_and_the_first_max_pairs_appended(t
 
 
 def test_the_number_of_workers_is_not_part_of_the_stamp(tmp_path):
+    from nmt.config import stamp_sections
+
+    assert "workers" not in stamp_sections(config(workers=3))["data"]  # no stage is redone for it (vocab too)
     root = mirror(tmp_path / "m")
     prepare_corpus(config(workers=1), tmp_path / "run", mirror=str(root))
     stamp = tmp_path / "run/download.stamp.json"

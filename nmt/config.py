@@ -47,7 +47,7 @@ class DataConfig:
     # which way a run translates; everything follows it (vocab and model sides, training,
     # decoding, BLEU's tokenizer); T→S and NFKC apply to the Chinese side wherever it is
     direction: Literal["zh-en", "en-zh"] = "zh-en"
-    max_train_pairs: int | None = None  # subsample larger corpora (seeded)
+    max_train_pairs: int | None = None  # keep exactly this many train pairs, drawn uniformly (seeded), in order
     max_chars: int = 300  # drop pairs with a side longer than this (characters)
     max_ratio: float = 9.0  # drop pairs whose length ratio (chars, en/zh either way) exceeds this
     nfkc: bool = True  # Unicode NFKC normalisation (full-width ASCII → ASCII, etc.)
@@ -55,6 +55,9 @@ class DataConfig:
     dedup: bool = True  # drop exact duplicate training pairs
     filter_overlap: bool = True  # drop training pairs whose zh or en side is in valid/test
     seed: int = 1
+    # processes that clean the train split; 0 = every core this process may use. The corpus is
+    # the same for any number (work is cut by the input, nmt/data/units.py), so it is not in the stamp.
+    workers: int = 0
     # Span kinds copied verbatim through placeholders (nmt/data/passthrough.py); [] turns pass-through off.
     passthrough: list[str] = field(default_factory=lambda: list(PASSTHROUGH_KINDS))
     protected_terms: list[str] = field(default_factory=list)  # always passed through (case-sensitive)
@@ -242,9 +245,10 @@ def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
 def stamp_sections(config: Config) -> dict[str, dict]:
     """The config's sections as the stage stamps hash them (`nmt.runs.hash_files`): settings
     spelled as before `data.direction`, `train.init_from` and by-language coverage existed, so a
-    run made before them stays fresh and is not redone."""
+    run made before them stays fresh and is not redone. `data.workers` is left out: no output
+    depends on it."""
     sections = config_to_dict(config)
-    data = {k: v for k, v in sections["data"].items() if k != "direction"}
+    data = {k: v for k, v in sections["data"].items() if k not in ("direction", "workers")}
     data |= {"src_lang": config.data.src_lang, "tgt_lang": config.data.tgt_lang}
     vocab = dict(sections["vocab"])
     for side, lang in (("src", config.data.src_lang), ("tgt", config.data.tgt_lang)):
@@ -366,6 +370,7 @@ def _check_data(data: DataConfig, need: Need) -> None:
     need(data.max_chars > 0, "data.max_chars", "must be positive")
     need(data.max_ratio >= 1.0, "data.max_ratio", "must be >= 1")
     need(data.max_train_pairs is None or data.max_train_pairs > 0, "data.max_train_pairs", "must be positive")
+    need(data.workers >= 0, "data.workers", "must be >= 0 (0 = every core)")
     for kind in data.passthrough:
         need(kind in PASSTHROUGH_KINDS, "data.passthrough", f"unknown kind {kind!r}{suggest(kind, PASSTHROUGH_KINDS)}")
     for term in data.protected_terms:

@@ -1,25 +1,26 @@
 """Corpus preparation: read a recipe's splits (hub or local mirror), clean train, write plain text.
 
 Writes `<run>/corpus/{train,valid,test}.{src,tgt}` (one sentence per line), `test.codes` when the
-mirror has a `test.codes.txt` next to the test file (or the hub recipe has a label column), and
-`stats.json` (per split: read, kept,
-dropped per rule; `read == kept + sum(dropped)`). All files of one call appear together or not
-at all.
+mirror has a `test.codes.txt` next to the test file (or the hub recipe has a label column),
+`stats.json` (per split: read, kept, dropped per rule; `read == kept + sum(dropped)`; train also
+its bad lines by reason with the first line number) and `manifest.json` (sha256 and line count
+of every file). All files of one call appear together or not at all.
 
-Train is normalised (`normalize_source`/`normalize_target`) and filtered. Valid and test are the
-raw references, only whitespace-stripped (line breaks and tabs inside a sentence become spaces),
-so that BLEU stays comparable with published numbers; valid drops pairs whose both sides are
-empty. Sources are normalised at translation time with `normalize_source`.
+Train is cleaned on `data.workers` processes (`nmt.data.clean`: normalised with
+`normalize_source`/`normalize_target` and filtered, unit by unit), then duplicates are dropped,
+first occurrence kept (`nmt.data.dedup`), then `data.max_train_pairs` keeps exactly that many,
+seeded (`nmt.data.sample`); the units are concatenated in order, so the output is the same for
+any number of workers. Their work folder `<run>/corpus.work/` lets a killed run continue at the
+first unfinished unit; it is removed when the corpus is written. Valid and test are the raw
+references, only whitespace-stripped (line breaks and tabs inside a sentence become spaces), so
+that BLEU stays comparable with published numbers; valid drops pairs whose both sides are empty.
+Sources are normalised at translation time with `normalize_source`.
 
-Bad input lines (invalid UTF-8, invalid JSON, a record without the language keys, a TSV line
-without a TAB, a blank JSONL line) are skipped, counted under `dropped["bad_line"]` and reported
-in one warning per file naming the first bad line (`train.jsonl:17: invalid JSON (skipped 3 bad
-lines)`). A split with nothing usable is an `NmtError`.
-
-Length ratio (`data.max_ratio`): a Chinese side counts its non-space characters, any other side
-its characters divided by `LATIN_CHARS_PER_HANZI` (= 3, the median en/zh character ratio of
-Tatoeba and WMT news is 3.1-3.7), so balanced pairs score about 1 whichever side is longer;
-ratio = longer / shorter, each length at least 1.
+Bad input lines (`nmt.data.readers`: invalid UTF-8, a NUL byte, a line over 1 MiB, invalid JSON,
+a record without the language keys, a TSV line without a TAB, a blank JSONL line) are skipped,
+counted under `dropped["bad_line"]` and reported in one warning per file naming the first bad
+line (`train.jsonl:17: invalid JSON (skipped 3 bad lines)`, then each reason's count and first
+line when there are several). A split with nothing usable is an `NmtError`.
 """
 
 from __future__ import annotations
@@ -27,116 +28,106 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import itertools
 import json
-import random
+import shutil
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from nmt.config import BT_TAG, Config, DataConfig, stamp_sections
+from nmt.data.clean import Cleaned, Held, clean_units, unit_path
+from nmt.data.dedup import first_occurrences
 from nmt.data.normalize import normalize_source, normalize_target, strip_text
-from nmt.data.readers import (
-    Source,
-    count_lines,
-    find_sources,
-    read_split,
-)
+from nmt.data.readers import Source, check_aligned, count_lines, find_sources, read_split
 from nmt.data.recipes import SPLITS, BadLines, Recipe, get_recipe
+from nmt.data.sample import sample_masks
 from nmt.errors import NmtError
 from nmt.files import atomic_path
 from nmt.runs import clear_stamp, hash_files, is_fresh, write_stamp
 
 TRAIN_RULES = ("bad_line", "empty", "too_long", "ratio", "overlap", "duplicate", "subsampled")
-LATIN_CHARS_PER_HANZI = 3.0
-
-
-def _scaled_len(text: str, chinese: bool) -> float:
-    if chinese:
-        return float(len(text) - text.count(" "))
-    return len(text) / LATIN_CHARS_PER_HANZI
-
-
-def length_ratio(src: str, tgt: str, data: DataConfig) -> float:
-    a = max(_scaled_len(src, data.src_lang.startswith("zh")), 1.0)
-    b = max(_scaled_len(tgt, data.tgt_lang.startswith("zh")), 1.0)
-    return max(a, b) / min(a, b)
-
-
-def _hash(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
 
 
 # --------------------------------------------------------------------------- cleaning and writing
 
 
-def _train_pairs(
-    pairs: Iterator[tuple[int, str, str]], data: DataConfig, held: set[int], dropped: dict[str, int]
-) -> Iterator[tuple[str, str]]:
-    """Normalise and filter train pairs, counting each drop under its rule."""
-    seen: set[int] = set()
-    for _, s, t in pairs:
-        s, t = normalize_source(s, data), normalize_target(t, data)
-        rule = None
-        if not s or not t:
-            rule = "empty"
-        elif len(s) > data.max_chars or len(t) > data.max_chars:
-            rule = "too_long"
-        elif length_ratio(s, t, data) > data.max_ratio:
-            rule = "ratio"
-        elif data.filter_overlap and (_hash("S" + s) in held or _hash("T" + t) in held):
-            rule = "overlap"
-        elif data.dedup:
-            h = _hash(s + "\t" + t)
-            rule = "duplicate" if h in seen else None
-            seen.add(h)
-        if rule:
-            dropped[rule] += 1
-            continue
-        yield s, t
+@dataclasses.dataclass(frozen=True)
+class _Work:
+    """Where a split's units are cleaned, and the digest of the inputs and settings they belong to."""
+
+    folder: Path
+    digest: str
+
+    def split(self, name: str) -> _Work:
+        return _Work(self.folder / name, self.digest)
 
 
-def _reservoir(items: Iterator[tuple[str, str]], k: int, seed: int) -> tuple[list[tuple[str, str]], int]:
-    """A uniform sample of k items in their original order (streaming), and how many were seen."""
-    rng, sample, n = random.Random(seed), [], 0
-    for n, item in enumerate(items, 1):
-        if len(sample) < k:
-            sample.append((n, item))
-        else:
-            j = rng.randrange(n)
-            if j < k:
-                sample[j] = (n, item)
-    sample.sort(key=lambda x: x[0])
-    return [item for _, item in sample], n
+def _clean(source: Source, recipe: Recipe, data: DataConfig, held: Held, work: _Work) -> tuple[Cleaned, list]:
+    """The split cleaned unit by unit into `work`, and per unit the mask of its pairs that are
+    not repeats of an earlier pair (all True without `data.dedup`)."""
+    cleaned = clean_units(source, recipe, data, held, work.folder, work.digest)
+    keys = [unit_path(work.folder, i, ".keys.npy") for i in range(len(cleaned.counts))]
+    masks = first_occurrences(keys, work.folder) if data.dedup else [np.ones(n, dtype=bool) for n in cleaned.kept]
+    return cleaned, masks
 
 
-def _write_train(source: Source, recipe: Recipe, data: DataConfig, tmp: dict[str, Path], held: set[int]) -> dict:
-    bad = BadLines(source.label)
-    dropped = dict.fromkeys(TRAIN_RULES, 0)
-    pairs = _train_pairs(read_split(source, recipe, data, bad), data, held, dropped)
-    if data.max_train_pairs is not None:
-        sample, seen = _reservoir(pairs, data.max_train_pairs, data.seed)
-        dropped["subsampled"] = seen - len(sample)
-        pairs = iter(sample)
-    kept = 0
+def _write_units(cleaned: Cleaned, masks: list, fs: TextIO, ft: TextIO, copies: int = 1, tag: str = "") -> int:
+    """The pairs of every unit whose mask is True, in unit order, each `copies` times (source
+    prefixed with `tag`); how many distinct pairs were written."""
+    written = 0
+    for i, mask in enumerate(masks):
+        with (
+            open(unit_path(cleaned.folder, i, ".src"), encoding="utf-8") as a,
+            open(unit_path(cleaned.folder, i, ".tgt"), encoding="utf-8") as b,
+        ):
+            if copies == 1 and not tag and mask.all():
+                shutil.copyfileobj(a, fs)
+                shutil.copyfileobj(b, ft)
+            else:
+                for keep, s, t in zip(mask.tolist(), a, b, strict=True):
+                    if keep:
+                        fs.write((tag + s) * copies)
+                        ft.write(t * copies)
+        written += int(mask.sum())
+    return written
+
+
+def _selected(unique: list, data: DataConfig) -> tuple[list, int]:
+    """The masks after `data.max_train_pairs` (exactly k of the unique pairs, seeded), and how many it drops."""
+    if data.max_train_pairs is None:
+        return unique, 0
+    chosen = sample_masks([int(m.sum()) for m in unique], data.max_train_pairs, data.seed)
+    masks = []
+    for m, c in zip(unique, chosen, strict=True):
+        mask = m.copy()
+        mask[m] = c
+        masks.append(mask)
+    return masks, sum(int(m.sum()) for m in unique) - sum(int(m.sum()) for m in masks)
+
+
+def _write_train(
+    source: Source, recipe: Recipe, data: DataConfig, tmp: dict[str, Path], held: Held, work: _Work
+) -> dict:
+    cleaned, unique = _clean(source, recipe, data, held, work)
+    dropped = {"bad_line": 0, **cleaned.dropped(), "duplicate": sum(len(m) - int(m.sum()) for m in unique)}
+    masks, dropped["subsampled"] = _selected(unique, data)
+    copies = data.backtranslation.real_upsample if data.backtranslation else 1  # a real:synthetic ratio
     with (
         open(tmp[f"train.{data.src_lang}"], "w", encoding="utf-8") as fs,
         open(tmp[f"train.{data.tgt_lang}"], "w", encoding="utf-8") as ft,
     ):
-        copies = data.backtranslation.real_upsample if data.backtranslation else 1
-        for s, t in pairs:
-            fs.write((s + "\n") * copies)  # upsampled real pairs: a real:synthetic ratio
-            ft.write((t + "\n") * copies)
-            kept += 1
+        kept = _write_units(cleaned, masks, fs, ft, copies)
+    bad = cleaned.bad
     read = _tally(bad, dropped, kept)
     if read == bad.count:
         raise NmtError(f"{source.label}: no usable train pairs ({bad.count} bad lines)")
     if kept == 0:
         raise NmtError(f"{source.label}: no train pairs left after cleaning ({read} read, dropped {_nonzero(dropped)})")
-    return {"source": source.label, "read": read, "kept": kept, "dropped": dropped}
+    return {"source": source.label, "read": read, "kept": kept, "dropped": dropped, "bad_lines": bad.summary()}
 
 
 def _tally(bad: BadLines, dropped: dict[str, int], kept: int) -> int:
@@ -146,30 +137,42 @@ def _tally(bad: BadLines, dropped: dict[str, int], kept: int) -> int:
     return kept + sum(dropped.values())
 
 
-def _write_synthetic(recipe: Recipe, data: DataConfig, tmp: dict[str, Path], held: set[int]) -> dict:
+def _first(masks: list, k: int | None) -> list:
+    """The masks with only their first k True values (in unit order) left True."""
+    if k is None:
+        return masks
+    out = []
+    for m in masks:
+        m = m.copy()
+        m[np.flatnonzero(m)[k:]] = False
+        k = max(0, k - int(m.sum()))
+        out.append(m)
+    return out
+
+
+def _write_synthetic(recipe: Recipe, data: DataConfig, tmp: dict[str, Path], held: Held, work: _Work) -> dict:
     """Append the back-translated pairs of `data.backtranslation.corpus` to train, cleaned like real
-    ones (the same rules, the overlap guard included), tagged with BT_TAG when `tag`."""
+    ones (the same rules, the overlap guard included), the first `max_pairs` of them, tagged with
+    BT_TAG when `tag`."""
     bt = data.backtranslation
     path = Path(bt.corpus) / "train.jsonl"
     if not path.is_file():
         raise NmtError(f"data.backtranslation.corpus: {path} not found (write it with `nmt backtranslate`)")
-    bad, dropped = BadLines(str(path)), dict.fromkeys(TRAIN_RULES, 0)
-    pairs = _train_pairs(read_split(Source("jsonl", (path,), str(path)), recipe, data, bad), data, held, dropped)
-    kept, tag = 0, f"{BT_TAG} " if bt.tag else ""
+    cleaned, unique = _clean(Source("jsonl", (path,), str(path)), recipe, data, held, work)
+    dropped = {"bad_line": 0, **cleaned.dropped(), "duplicate": sum(len(m) - int(m.sum()) for m in unique)}
+    masks = _first(unique, bt.max_pairs)
+    dropped["subsampled"] = sum(int(m.sum()) for m in unique) - sum(int(m.sum()) for m in masks)
     with (
         open(tmp[f"train.{data.src_lang}"], "a", encoding="utf-8") as fs,
         open(tmp[f"train.{data.tgt_lang}"], "a", encoding="utf-8") as ft,
     ):
-        for s, t in itertools.islice(pairs, bt.max_pairs):
-            fs.write(f"{tag}{s}\n")
-            ft.write(t + "\n")
-            kept += 1
-    read = _tally(bad, dropped, kept)
+        kept = _write_units(cleaned, masks, fs, ft, tag=f"{BT_TAG} " if bt.tag else "")
+    read = _tally(cleaned.bad, dropped, kept)
     return {"source": str(path), "read": read, "kept": kept, "dropped": dropped, "tag": bt.tag}
 
 
 def _write_eval(
-    source: Source, recipe: Recipe, data: DataConfig, split: str, tmp: dict[str, Path], held: set[int]
+    source: Source, recipe: Recipe, data: DataConfig, split: str, tmp: dict[str, Path], held: tuple[set, set]
 ) -> tuple[dict, BadLines, list[str]]:
     """Raw references: whitespace-stripped only. Valid drops pairs with both sides empty.
 
@@ -188,7 +191,8 @@ def _write_eval(
             fs.write(s + "\n")
             ft.write(t + "\n")
             kept += 1
-            held.update((_hash("S" + normalize_source(s, data)), _hash("T" + normalize_target(t, data))))
+            held[0].add(normalize_source(s, data))
+            held[1].add(normalize_target(t, data))
     bad.warn()
     if kept == 0 and source.kind != "none":
         raise NmtError(f"{source.label}: no usable {split} pairs ({bad.count} bad lines)")
@@ -217,30 +221,53 @@ def _codes_source(sources: dict[str, Source], recipe: Recipe) -> bool:
 
 
 def _output_names(data: DataConfig, codes: bool) -> list[str]:
-    names = [f"{s}.{lang}" for s in SPLITS for lang in (data.src_lang, data.tgt_lang)] + ["stats.json"]
+    names = [f"{s}.{lang}" for s in SPLITS for lang in (data.src_lang, data.tgt_lang)] + ["stats.json", "manifest.json"]
     return names + ["test.codes"] if codes else names
 
 
-def _write_corpus(sources: dict[str, Source], recipe: Recipe, data: DataConfig, out: Path) -> dict:
+def _write_corpus(sources: dict[str, Source], recipe: Recipe, data: DataConfig, out: Path, work: _Work) -> dict:
     codes = _codes_source(sources, recipe)
     stats: dict = {"corpus": recipe.name}
+    for name in _output_names(data, True):  # temporary files of a run that was killed
+        for stale in out.glob(f".{name}.*.tmp"):
+            stale.unlink()
     with contextlib.ExitStack() as stack:  # every file renamed into place only if all succeed
         tmp = {name: stack.enter_context(atomic_path(out / name)) for name in _output_names(data, codes)}
-        held: set[int] = set()
+        held: tuple[set, set] = (set(), set())
         stats["valid"], _, _ = _write_eval(sources["valid"], recipe, data, "valid", tmp, held)
         stats["test"], bad, labels = _write_eval(sources["test"], recipe, data, "test", tmp, held)
         if sources["test"].kind == "none":
             warnings.warn(f"corpus {recipe.name!r} has no test split; {out}/test.* are empty", stacklevel=2)
         if codes:
             _write_codes(sources["test"], bad, stats["test"]["read"], tmp["test.codes"], labels)
-        stats["train"] = _write_train(sources["train"], recipe, data, tmp, held if data.filter_overlap else set())
+        guard = Held(frozenset(held[0]), frozenset(held[1])) if data.filter_overlap else Held()
+        stats["train"] = _write_train(sources["train"], recipe, data, tmp, guard, work.split("train"))
         if data.backtranslation is not None:
-            stats["backtranslation"] = _write_synthetic(recipe, data, tmp, held if data.filter_overlap else set())
+            stats["backtranslation"] = _write_synthetic(recipe, data, tmp, guard, work.split("backtranslation"))
         tmp["stats.json"].write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        _write_manifest(tmp, stats)
     if not codes:
         with contextlib.suppress(FileNotFoundError):
             (out / "test.codes").unlink()
     return stats
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_manifest(tmp: dict[str, Path], stats: dict) -> None:
+    """manifest.json: sha256 and line count of every other output file, and the pairs kept per split."""
+    files = {
+        name: {"sha256": _sha256(p), "lines": count_lines(p)} for name, p in tmp.items() if name != "manifest.json"
+    }
+    kept = {split: stats[split]["kept"] for split in (*SPLITS, "backtranslation") if split in stats}
+    text = json.dumps({"files": files, "kept": kept}, indent=2, sort_keys=True) + "\n"
+    tmp["manifest.json"].write_text(text, encoding="utf-8")
 
 
 def _nonzero(dropped: dict[str, int]) -> str:
@@ -267,6 +294,9 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
     data, run_dir = config.data, Path(run_dir)
     recipe = get_recipe(data.corpus)
     sources = find_sources(recipe, data, mirror)
+    for source in sources.values():  # differing plain files stop before any work
+        if source.kind == "plain":
+            check_aligned(*source.paths)
     out = run_dir / "corpus"
     files = [p for s in sources.values() for p in s.paths]
     if data.backtranslation is not None and (Path(data.backtranslation.corpus) / "train.jsonl").is_file():
@@ -283,7 +313,9 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
         Console(stderr=True).print(f"corpus: {out} is up to date (skipped)")
         return json.loads((out / "stats.json").read_text(encoding="utf-8"))
     clear_stamp(run_dir, "download")
-    stats = _write_corpus(sources, recipe, data, out)
+    work = run_dir / "corpus.work"
+    stats = _write_corpus(sources, recipe, data, out, _Work(work, digest))
+    shutil.rmtree(work, ignore_errors=True)
     print_stats(stats)
     write_stamp(run_dir, "download", digest, {"corpus": recipe.name})
     return stats

@@ -1,25 +1,36 @@
-"""Readers for corpus splits: JSONL / TSV / plain parallel files, or the hub (`nmt.data.hub`).
+"""Readers for corpus splits: JSONL / TSV / plain parallel files, each optionally gzip- or
+xz-compressed (`train.jsonl.gz`, `train.zh.xz` + `train.en.xz`), or the hub (`nmt.data.hub`).
 
 A reader streams `(line number, source text, target text)` for the usable records of one
-split and counts the unusable ones (invalid UTF-8, invalid JSON, a record without the
-language keys, a TSV line without a TAB, a blank line) in a `BadLines`, which warns once per
-file naming the first bad line. Nothing is loaded into memory whole.
+split and counts the unusable ones by reason in a `BadLines`, which warns once per file naming
+the first bad line: invalid UTF-8, a NUL byte, a line longer than `MAX_LINE_BYTES`, invalid
+JSON, a record without the language keys, a TSV line without a TAB, a blank JSONL/TSV line.
+Nothing is loaded into memory whole. Plain parallel files whose line counts differ stop with
+one line naming both files and both counts, before anything is read.
+
+`parse_lines` and `parse_plain` are the per-line rules; `nmt.data.units` applies the same
+rules to a part of a file.
 """
 
 from __future__ import annotations
 
 import codecs
+import gzip
 import json
+import lzma
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from nmt.config import DataConfig
 from nmt.data.hub import read_hub
 from nmt.data.recipes import SPLITS, BadLines, HubSplit, Recipe, pair_from_record
 from nmt.errors import NmtError
 
+MAX_LINE_BYTES = 1 << 20  # a longer line is a bad line: no sentence pair is that long (max_chars is far below)
+COMPRESSED = {".gz": gzip.open, ".xz": lzma.open}  # by file suffix; anything else is read as it is
 _MIRROR_STEMS = {"train": ("train",), "valid": ("validation", "valid", "dev"), "test": ("test",)}
 
 
@@ -44,45 +55,105 @@ def _parse_tsv(text: str, src: str, tgt: str) -> tuple[str, str] | str:
     return (fields[0], fields[1]) if len(fields) >= 2 else "expected source<TAB>target"
 
 
-def _no_bom(raw: bytes, lineno: int) -> bytes:
-    """The first line without a UTF-8 byte-order mark (Windows editors write one)."""
-    return raw[len(codecs.BOM_UTF8) :] if lineno == 1 and raw.startswith(codecs.BOM_UTF8) else raw
+def open_binary(path: Path) -> BinaryIO:
+    """`path` opened for reading bytes, decompressed when its suffix is .gz or .xz."""
+    opener = COMPRESSED.get(Path(path).suffix)
+    return opener(path, "rb") if opener else open(path, "rb")  # type: ignore[return-value]
 
 
-def _read_lines(path: Path, parse: Callable, data: DataConfig, bad: BadLines) -> Iterator[tuple[int, str, str]]:
-    with open(path, "rb") as f:  # bytes: a bad line is skipped, not fatal; only b"\n" ends a line
-        for n, raw in enumerate(f, 1):
-            try:
-                text = _no_bom(raw, n).decode("utf-8")
-            except UnicodeDecodeError:
-                bad.add(n, "invalid UTF-8")
+def bounded_lines(f: BinaryIO) -> Iterator[bytes]:
+    """The lines of an open file, none held longer than MAX_LINE_BYTES + 1 bytes: of a longer
+    line (a file without line breaks, say) only its start is yielded, which `decode_line`
+    rejects, and the rest is read past in pieces."""
+    while raw := f.readline(MAX_LINE_BYTES + 1):
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            while (rest := f.readline(1 << 20)) and not rest.endswith(b"\n"):
+                pass
+        yield raw
+
+
+def is_compressed(path: Path) -> bool:
+    return Path(path).suffix in COMPRESSED
+
+
+def decode_line(raw: bytes, first: bool) -> tuple[str | None, str]:
+    """(text without its line break, "") of one raw line, or (None, why it is unusable);
+    `first`: the file's first line (which may start with a byte-order mark)."""
+    if len(raw) > MAX_LINE_BYTES:
+        return None, f"line longer than {MAX_LINE_BYTES >> 20} MiB"
+    if b"\0" in raw:
+        return None, "NUL byte"
+    if first and raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8) :]
+    try:
+        return raw.decode("utf-8").rstrip("\r\n"), ""
+    except UnicodeDecodeError:
+        return None, "invalid UTF-8"
+
+
+def parse_lines(
+    lines: Iterable[bytes], parse: Callable, data: DataConfig, bad: BadLines, at_start: bool = True
+) -> Iterator[tuple[int, str, str]]:
+    """(line number, source, target) of the usable JSONL/TSV lines (`parse`: `PARSERS[kind]`),
+    numbered from 1; the others counted in `bad`. `at_start`: the lines begin the file (a
+    byte-order mark is dropped from the first one, as Windows editors write one)."""
+    src, tgt = data.src_lang, data.tgt_lang
+    for n, raw in enumerate(lines, 1):
+        text, reason = decode_line(raw, at_start and n == 1)
+        if text is not None:
+            pair = parse(text, src, tgt) if text and not text.isspace() else "blank line"
+            if not isinstance(pair, str) and ("\0" in pair[0] or "\0" in pair[1]):
+                pair = "NUL byte"  # written as \u0000 in JSON
+            if not isinstance(pair, str):
+                yield n, pair[0], pair[1]
                 continue
-            pair = parse(text, data.src_lang, data.tgt_lang) if text.strip() else "blank line"
-            if isinstance(pair, str):
-                bad.add(n, pair)
-                continue
-            yield n, pair[0], pair[1]
+            reason = pair
+        bad.add(n, reason)
+
+
+def parse_plain(
+    lines: Iterable[tuple[bytes, bytes]], bad: BadLines, at_start: bool = True
+) -> Iterator[tuple[int, str, str]]:
+    """(line number, source, target) of aligned plain lines, numbered from 1; a pair with one
+    unusable side is counted in `bad`. `at_start` as in `parse_lines`."""
+    for n, (rs, rt) in enumerate(lines, 1):
+        s, why_s = decode_line(rs, at_start and n == 1)
+        t, why_t = decode_line(rt, at_start and n == 1)
+        if s is None or t is None:
+            bad.add(n, why_s or why_t)
+        else:
+            yield n, s, t
 
 
 def count_lines(path: Path) -> int:
     n, last = 0, b"\n"
-    with open(path, "rb") as f:
+    with open_binary(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             n += chunk.count(b"\n")
             last = chunk[-1:]
     return n + (last != b"\n")
 
 
-def _read_plain(src_path: Path, tgt_path: Path, bad: BadLines) -> Iterator[tuple[int, str, str]]:
+def check_aligned(src_path: Path, tgt_path: Path) -> int:
+    """The line count of two plain parallel files; NmtError naming both files and counts if they differ."""
     a, b = count_lines(src_path), count_lines(tgt_path)
     if a != b:
         raise NmtError(f"{src_path} has {a} lines but {tgt_path} has {b}: parallel files must align")
-    with open(src_path, "rb") as fs, open(tgt_path, "rb") as ft:
-        for n, (rs, rt) in enumerate(zip(fs, ft, strict=True), 1):
-            try:
-                yield n, _no_bom(rs, n).decode("utf-8").rstrip("\r\n"), _no_bom(rt, n).decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError:
-                bad.add(n, "invalid UTF-8")
+    return a
+
+
+def _read_plain(src_path: Path, tgt_path: Path, bad: BadLines) -> Iterator[tuple[int, str, str]]:
+    check_aligned(src_path, tgt_path)
+    with open_binary(src_path) as fs, open_binary(tgt_path) as ft:
+        yield from parse_plain(zip(bounded_lines(fs), bounded_lines(ft), strict=True), bad)
+
+
+def _read_lines(path: Path, parse: Callable, data: DataConfig, bad: BadLines) -> Iterator[tuple[int, str, str]]:
+    with open_binary(path) as f:  # bytes: a bad line is skipped, not fatal; only b"\n" ends a line
+        yield from parse_lines(bounded_lines(f), parse, data, bad)
+
+
+PARSERS: dict[str, Callable] = {"jsonl": _parse_json, "tsv": _parse_tsv}
 
 
 def read_split(
@@ -92,7 +163,7 @@ def read_split(
 
     For a hub split with a label column, each yielded row's label is appended to `labels`."""
     if source.kind in ("jsonl", "tsv"):
-        return _read_lines(source.paths[0], _parse_json if source.kind == "jsonl" else _parse_tsv, data, bad)
+        return _read_lines(source.paths[0], PARSERS[source.kind], data, bad)
     if source.kind == "plain":
         return _read_plain(source.paths[0], source.paths[1], bad)
     if source.kind == "hub" and source.hub_split is not None:
@@ -113,15 +184,16 @@ def _mirror_root(data: DataConfig, mirror: str | None) -> Path | None:
 
 def _mirror_split(folder: Path, split: str, data: DataConfig) -> Source:
     for stem in _MIRROR_STEMS[split]:
-        for kind in ("jsonl", "tsv"):
-            if (folder / f"{stem}.{kind}").is_file():
-                return Source(kind, (folder / f"{stem}.{kind}",), str(folder / f"{stem}.{kind}"))
-        pair = (folder / f"{stem}.{data.src_lang}", folder / f"{stem}.{data.tgt_lang}")
-        if pair[0].is_file() != pair[1].is_file():
-            have, missing = pair if pair[0].is_file() else pair[::-1]
-            raise NmtError(f"{missing}: not found, but {have.name} is there (plain files come in pairs)")
-        if pair[0].is_file():
-            return Source("plain", pair, f"{pair[0]}+{pair[1].suffix}")
+        for ext in ("", *COMPRESSED):
+            for kind in ("jsonl", "tsv"):
+                if (folder / f"{stem}.{kind}{ext}").is_file():
+                    return Source(kind, (folder / f"{stem}.{kind}{ext}",), str(folder / f"{stem}.{kind}{ext}"))
+            pair = (folder / f"{stem}.{data.src_lang}{ext}", folder / f"{stem}.{data.tgt_lang}{ext}")
+            if pair[0].is_file() != pair[1].is_file():
+                have, missing = pair if pair[0].is_file() else pair[::-1]
+                raise NmtError(f"{missing}: not found, but {have.name} is there (plain files come in pairs)")
+            if pair[0].is_file():
+                return Source("plain", pair, f"{pair[0]}+{pair[1].name if ext else pair[1].suffix}")
     return Source("none", label=str(folder / f"{split}.jsonl"))
 
 

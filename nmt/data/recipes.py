@@ -91,24 +91,42 @@ def get_recipe(name: str) -> Recipe:
 
 
 class BadLines:
-    """Counts skipped lines of one file; remembers the first (and, for test, all) line numbers."""
+    """Counts skipped lines of one file by reason, with each reason's first line number (and, for
+    test, every skipped line number: its codes file must skip the same lines)."""
 
     def __init__(self, label: str, keep_lines: bool = False) -> None:
         self.label, self.keep_lines = label, keep_lines
         self.count, self.first, self.reason = 0, 0, ""
         self.lines: set[int] = set()
+        self.reasons: dict[str, list[int]] = {}  # reason -> [count, first line]
 
-    def add(self, lineno: int, reason: str) -> None:
-        if not self.count:
+    def add(self, lineno: int, reason: str, count: int = 1) -> None:
+        """Count `count` bad lines of one reason, the first of them at `lineno`."""
+        if not self.count or lineno < self.first:
             self.first, self.reason = lineno, reason
-        self.count += 1
+        self.count += count
+        tally = self.reasons.setdefault(reason, [0, lineno])
+        tally[0] += count
+        tally[1] = min(tally[1], lineno)
         if self.keep_lines:
             self.lines.add(lineno)
 
+    def merge(self, reasons: dict[str, list[int]], offset: int) -> None:
+        """Add another count by reason (`reasons` as in `self.reasons`) whose line numbers start after `offset`."""
+        for reason, (count, first) in reasons.items():
+            self.add(first + offset, reason, count)
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """{reason: {"count": n, "first_line": k}}, for stats.json."""
+        return {r: {"count": n, "first_line": first} for r, (n, first) in sorted(self.reasons.items())}
+
     def warn(self) -> None:
+        """One warning: the first bad line and the total, then each reason's count and first line."""
         if self.count:
             plural = "s" if self.count > 1 else ""
             msg = f"{self.label}:{self.first}: {self.reason} (skipped {self.count} bad line{plural})"
+            if len(self.reasons) > 1:
+                msg += "; " + ", ".join(f"{n} {r} (first line {k})" for r, (n, k) in sorted(self.reasons.items()))
             warnings.warn(msg, stacklevel=3)
 
 

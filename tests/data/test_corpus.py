@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from nmt.config import Config, config_from_dict
-from nmt.data.corpus import length_ratio, prepare_corpus
+from nmt.data.clean import length_ratio
+from nmt.data.corpus import prepare_corpus
 from nmt.data.normalize import normalize_source, normalize_target
 from nmt.data.recipes import RECIPES
 from nmt.errors import NmtError
@@ -517,3 +518,284 @@ def test_an_unreachable_hub_is_probed_once_and_never_loaded(tmp_path, monkeypatc
         prepare_corpus(load_config(root / "configs/tiny.yaml"), tmp_path / "run")
     assert probes == [f"HEAD https://huggingface.co {hub.PROBE_SECONDS}"]
     assert "\n" not in str(err.value) and "--mirror DIR" in str(err.value)
+
+
+# --------------------------------------------------------------------------- units, workers, resume
+
+
+def _many_units(monkeypatch) -> None:
+    """Units of 8 KiB / 100 lines, so that a small corpus is several units."""
+    from nmt.data import units
+
+    monkeypatch.setattr(units, "UNIT_BYTES", 8192)
+    monkeypatch.setattr(units, "UNIT_LINES", 100)
+
+
+def _noisy_train(n: int = 600) -> list[tuple[str, str]]:
+    """Generated pairs (some Traditional), with repeats, full-width forms and a few pairs the rules drop."""
+    from synthetic import pairs
+
+    train = pairs(n, seed=5, traditional=0.4)
+    train += train[::7]  # repeats, far from their first occurrence
+    train += [
+        ("ＡＩ來了。", "AI is here."),
+        ("", "Empty."),
+        ("好。", "A much longer English sentence than the two characters on the other side."),
+    ]
+    return train + [(z.replace("书", "書"), e) for z, e in train[:20]]  # T→S makes these repeats
+
+
+def _corpus_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+@pytest.mark.parametrize("max_train_pairs", [None, 250])
+def test_one_and_two_workers_and_two_run_dirs_give_the_same_bytes(tmp_path, monkeypatch, max_train_pairs):
+    _many_units(monkeypatch)
+    root = mirror(tmp_path / "m", train=_noisy_train())
+    outs = []
+    for workers, run_dir in ((1, "a"), (2, "b"), (2, "c")):
+        cfg = config(workers=workers, max_train_pairs=max_train_pairs)
+        stats = prepare_corpus(cfg, tmp_path / run_dir, mirror=str(root))
+        outs.append(_corpus_bytes(tmp_path / run_dir / "corpus"))
+        assert not (tmp_path / run_dir / "corpus.work").exists()  # removed once the corpus is written
+    assert outs[0] == outs[1] == outs[2]
+    assert stats["train"]["dropped"]["duplicate"] > 80 and stats["train"]["read"] > 700
+    if max_train_pairs:
+        assert stats["train"]["kept"] == 250
+    check_invariant(stats)
+
+
+def test_units_do_not_change_what_is_kept_or_its_order(tmp_path, monkeypatch):
+    """Without max_train_pairs, many units give what one unit gives: the first occurrence of each
+    pair, in input order (the rule of the one-process cleaner)."""
+    root = mirror(tmp_path / "m", train=_noisy_train())
+    prepare_corpus(config(workers=1), tmp_path / "one", mirror=str(root))
+    _many_units(monkeypatch)
+    prepare_corpus(config(workers=2), tmp_path / "many", mirror=str(root))
+    assert _corpus_bytes(tmp_path / "one/corpus") == _corpus_bytes(tmp_path / "many/corpus")
+    expected, seen, data = [], set(), config().data
+    for z, e in _noisy_train():
+        pair = (normalize_source(z, data), normalize_target(e, data))
+        if pair not in seen and all(pair) and length_ratio(*pair, data) <= 9:
+            expected.append(pair)
+        seen.add(pair)
+    out = tmp_path / "many/corpus"
+    assert list(zip(lines(out / "train.zh"), lines(out / "train.en"), strict=True)) == expected
+
+
+KILLER = """
+import os, signal, sys
+from pathlib import Path
+from nmt.config import config_from_dict
+from nmt.data import clean, corpus, units
+units.UNIT_BYTES = 8192
+original = clean.map_ordered
+def dying_map(*args):
+    for i, result in enumerate(original(*args)):
+        if i == 3:
+            os.kill(os.getpid(), signal.SIGKILL)  # killed in the middle of the stage, 3 units taken
+        yield result
+clean.map_ordered = dying_map
+cfg = config_from_dict({"name": "t", "data": {"corpus": "tatoeba", "workers": int(sys.argv[3])}})
+corpus.prepare_corpus(cfg, Path(sys.argv[1]), mirror=sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_killed_run_continues_at_the_first_unfinished_unit_with_the_same_bytes(tmp_path, monkeypatch, workers):
+    from nmt.data import clean
+
+    _many_units(monkeypatch)
+    root = mirror(tmp_path / "m", train=_noisy_train())
+    prepare_corpus(config(workers=1), tmp_path / "whole", mirror=str(root))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    args = [sys.executable, "-c", KILLER, str(tmp_path / "run"), str(root), str(workers)]
+    assert subprocess.run(args, env=env).returncode == -9
+    work = tmp_path / "run/corpus.work/train"
+    finished = len(list(work.glob("u*.json")))  # 3, and with 2 workers those done meanwhile
+    assert 3 <= finished < 9 and not (tmp_path / "run/corpus/train.zh").exists()
+    original, calls = clean.clean_unit, []
+
+    def counting_unit(unit):
+        calls.append(clean.unit_path(work, unit.index, ".json").is_file())
+        return original(unit)
+
+    monkeypatch.setattr(clean, "clean_unit", counting_unit)
+    prepare_corpus(config(workers=1), tmp_path / "run", mirror=str(root))
+    # the units finished before the kill are reused (with 2 workers, the orphaned workers may
+    # still finish the units they held: those are reused too, or redone to the same bytes)
+    assert calls[:3] == [True, True, True] and sum(calls) >= finished and not all(calls)
+    assert _corpus_bytes(tmp_path / "run/corpus") == _corpus_bytes(tmp_path / "whole/corpus")
+
+
+def test_a_changed_input_does_not_reuse_finished_units(tmp_path, monkeypatch):
+    _many_units(monkeypatch)
+    root = mirror(tmp_path / "m", train=_noisy_train())
+    work = tmp_path / "run/corpus.work/train"
+    work.mkdir(parents=True)
+    (work / "manifest.json").write_text('{"inputs": "another digest"}')
+    (work / "u000000.json").write_text('{"lines": 1, "kept": 0, "dropped": {}, "bad": {}}')  # would be wrong
+    prepare_corpus(config(workers=1), tmp_path / "run", mirror=str(root))
+    prepare_corpus(config(workers=1), tmp_path / "fresh", mirror=str(root))
+    assert _corpus_bytes(tmp_path / "run/corpus") == _corpus_bytes(tmp_path / "fresh/corpus")
+
+
+def test_the_manifest_holds_each_file_hash_and_line_count(tmp_path):
+    import hashlib
+
+    _, out = run(tmp_path)
+    manifest = json.loads((out / "manifest.json").read_text())
+    for name in ("train.zh", "train.en", "valid.zh", "test.en", "stats.json"):
+        data = (out / name).read_bytes()
+        assert manifest["files"][name] == {"sha256": hashlib.sha256(data).hexdigest(), "lines": data.count(b"\n")}
+    assert manifest["kept"]["train"] == len(lines(out / "train.zh"))
+
+
+# --------------------------------------------------------------------------- bad input at scale
+
+
+def test_every_bad_line_is_counted_by_reason_with_its_first_line(tmp_path, monkeypatch):
+    _many_units(monkeypatch)
+    good = [json.dumps({"translation": {"zh": z, "en": e}}, ensure_ascii=False).encode() for z, e in _noisy_train()]
+    bad = {
+        30: b'{"translation": {"zh": "\xff\xfe", "en": "x"}}',  # invalid UTF-8
+        31: b'{"translation": {"zh": "a\x00b", "en": "x"}}',  # a raw NUL byte
+        90: b'{"translation": {"zh": "a\\u0000b", "en": "x"}}',  # a NUL written as an escape
+        200: b'{"translation": {"zh": "' + "长".encode() * (4 << 20) + b'", "en": "x"}}',  # a 12 MB line
+        400: b'{"translation": {"zh": "x"',  # malformed JSON
+        401: b'{"translation": {"en": "only English"}}',  # a record without one side
+        650: b"   ",  # blank
+        651: b"not json",
+    }
+    rows = list(good)
+    for i in sorted(bad):
+        rows.insert(i, bad[i])
+    root = mirror(tmp_path / "m", subdir="")
+    (root / "train.jsonl").write_bytes(b"\n".join(rows) + b"\n")
+    with pytest.warns(
+        UserWarning,
+        match=r"train\.jsonl:31: invalid UTF-8 \(skipped 8 bad lines\); 2 NUL byte \(first line 32\), .*"
+        r"2 invalid JSON \(first line 401\)",
+    ):
+        stats = prepare_corpus(config(workers=2), tmp_path / "run", mirror=str(root))
+    assert (
+        stats["train"]["bad_lines"]
+        == {
+            "NUL byte": {"count": 2, "first_line": 32},
+            "blank line": {"count": 1, "first_line": 651},
+            "invalid JSON": {"count": 2, "first_line": 401},
+            "invalid UTF-8": {"count": 1, "first_line": 31},
+            "line longer than 1 MiB": {"count": 1, "first_line": 201},
+            "record missing 'zh'": {"count": 1, "first_line": 402},
+        }
+        | {}
+    )
+    assert stats["train"]["dropped"]["bad_line"] == 8
+    check_invariant(stats)
+
+
+def _formats(root: Path, train: list[tuple[str, str]], kind: str, compress: str) -> Path:
+    """A mirror whose train split is `kind` (jsonl, tsv, plain), compressed with `compress` ("", gz, xz)."""
+    import gzip
+    import lzma
+
+    pack = {"": bytes, "gz": gzip.compress, "xz": lzma.compress}[compress]
+    ext = f".{compress}" if compress else ""
+    mirror(root, subdir="")
+    (root / "train.jsonl").unlink()
+    if kind == "plain":
+        (root / f"train.zh{ext}").write_bytes(pack("".join(z + "\n" for z, _ in train).encode()))
+        (root / f"train.en{ext}").write_bytes(pack("".join(e + "\n" for _, e in train).encode()))
+    elif kind == "tsv":
+        (root / f"train.tsv{ext}").write_bytes(pack("".join(f"{z}\t{e}\n" for z, e in train).encode()))
+    else:
+        (root / f"train.jsonl{ext}").write_bytes(pack(write_jsonl(root / "raw", train).read_bytes()))
+        (root / "raw").unlink()
+    return root
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "tsv", "plain"])
+@pytest.mark.parametrize("compress", ["gz", "xz"])
+def test_compressed_local_files_give_the_corpus_of_plain_ones(tmp_path, monkeypatch, kind, compress):
+    _many_units(monkeypatch)
+    train = _noisy_train(300)
+    prepare_corpus(config(workers=2), tmp_path / "a", mirror=str(_formats(tmp_path / "plain", train, kind, "")))
+    stats = prepare_corpus(
+        config(workers=2), tmp_path / "b", mirror=str(_formats(tmp_path / "c", train, kind, compress))
+    )
+    a, b = _corpus_bytes(tmp_path / "a/corpus"), _corpus_bytes(tmp_path / "b/corpus")
+    assert a.keys() == b.keys() and {k: v for k, v in a.items() if k.startswith("train")} == {
+        k: v for k, v in b.items() if k.startswith("train")
+    }
+    assert stats["train"]["source"].endswith(f".{compress}") and stats["train"]["kept"] > 300
+
+
+def test_bad_lines_of_plain_files_are_counted_by_reason(tmp_path, monkeypatch):
+    _many_units(monkeypatch)
+    root = mirror(tmp_path / "m", subdir="")
+    (root / "train.jsonl").unlink()
+    train = _noisy_train(300)
+    zh = [z.encode() for z, _ in train]
+    en = [e.encode() for _, e in train]
+    zh[10], en[150], zh[250] = b"\xff\xfe", b"a\x00b", "长".encode() * (4 << 20)
+    (root / "train.zh").write_bytes(b"\n".join(zh) + b"\n")
+    (root / "train.en").write_bytes(b"\n".join(en) + b"\n")
+    with pytest.warns(UserWarning, match=r"train\.zh\+\.en:11: invalid UTF-8 \(skipped 3 bad lines\)"):
+        stats = prepare_corpus(config(workers=2), tmp_path / "run", mirror=str(root))
+    assert stats["train"]["bad_lines"] == {
+        "NUL byte": {"count": 1, "first_line": 151},
+        "invalid UTF-8": {"count": 1, "first_line": 11},
+        "line longer than 1 MiB": {"count": 1, "first_line": 251},
+    }
+    check_invariant(stats)
+
+
+def test_plain_files_that_differ_stop_before_any_work(tmp_path):
+    root = _formats(tmp_path / "m", TRAIN, "plain", "gz")
+    (root / "train.en.gz").write_bytes(__import__("gzip").compress(b"one\ntwo\n"))
+    with pytest.raises(
+        NmtError, match=r"train\.zh\.gz has 4 lines but .*train\.en\.gz has 2: parallel files must align"
+    ):
+        prepare_corpus(config(), tmp_path / "run", mirror=str(root))
+    assert not (tmp_path / "run").exists()  # nothing read, nothing written
+
+
+def test_synthetic_pairs_are_cleaned_in_units_and_the_first_max_pairs_appended(tmp_path, monkeypatch):
+    from nmt.config import BT_TAG
+
+    _many_units(monkeypatch)
+    synthetic = [(f"合成句子{i}。", f"Synthetic sentence {i}.") for i in range(400)]
+    synthetic += synthetic[:50] + [VALID[0], ("", "Empty.")]  # repeats, an overlap with valid, an empty side
+    write_jsonl(tmp_path / "bt" / "train.jsonl", synthetic)
+    bt = {"corpus": str(tmp_path / "bt"), "tag": True, "real_upsample": 2, "max_pairs": 300}
+    root = mirror(tmp_path / "m")
+    stats = prepare_corpus(config(backtranslation=bt, workers=2), tmp_path / "run", mirror=str(root))
+    zh = lines(tmp_path / "run/corpus/train.zh")
+    assert zh[: 2 * len(TRAIN)] == [z for z, _ in TRAIN for _ in range(2)]  # real pairs, each twice
+    assert zh[2 * len(TRAIN) :] == [f"{BT_TAG} 合成句子{i}。" for i in range(300)]  # the first 300, tagged
+    s = stats["backtranslation"]
+    assert s["kept"] == 300 and s["dropped"]["duplicate"] == 50 and s["dropped"]["subsampled"] == 100
+    assert s["dropped"]["overlap"] == 1 and s["dropped"]["empty"] == 1 and s["read"] == len(synthetic)
+
+
+def test_the_number_of_workers_is_not_part_of_the_stamp(tmp_path):
+    from nmt.config import stamp_sections
+
+    assert "workers" not in stamp_sections(config(workers=3))["data"]  # no stage is redone for it (vocab too)
+    root = mirror(tmp_path / "m")
+    prepare_corpus(config(workers=1), tmp_path / "run", mirror=str(root))
+    stamp = tmp_path / "run/download.stamp.json"
+    before = stamp.stat().st_mtime_ns
+    time.sleep(0.01)
+    prepare_corpus(config(workers=2), tmp_path / "run", mirror=str(root))
+    assert stamp.stat().st_mtime_ns == before  # the same corpus: skipped
+    prepare_corpus(config(workers=2, seed=9), tmp_path / "run", mirror=str(root))
+    assert stamp.stat().st_mtime_ns != before  # a setting that matters: redone
+
+
+def test_a_negative_worker_count_is_a_config_error():
+    from nmt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"data\.workers.*must be >= 0"):
+        config(workers=-1)

@@ -70,3 +70,24 @@ def test_bom_only_at_the_start_of_a_file(tmp_path):
     (tmp_path / "a.tsv").write_bytes("你好\tHello\n".encode() + BOM + "再见\tBye\n".encode())
     rows = list(read_split(Source("tsv", (tmp_path / "a.tsv",), "a"), RECIPES["tatoeba"], DataConfig(), BadLines("a")))
     assert rows == [(1, "你好", "Hello"), (2, "\ufeff再见", "Bye")]
+
+
+def test_a_line_over_the_limit_is_cut_short_and_the_next_line_read(tmp_path, monkeypatch):
+    import io
+
+    from nmt.data import readers
+
+    monkeypatch.setattr(readers, "MAX_LINE_BYTES", 100)
+    f = io.BytesIO(b"short\n" + b"x" * 350 + b"\n" + b"y" * 101 + b"\nlast" + b"z" * 300)
+    lines = list(readers.bounded_lines(f))
+    assert lines == [b"short\n", b"x" * 101, b"y" * 101, b"last" + b"z" * 97]
+    reasons = [readers.decode_line(line, False)[1] for line in lines]
+    assert reasons[0] == "" and all(r.startswith("line longer than") for r in reasons[1:])
+
+
+def test_a_file_without_line_breaks_is_one_bad_line(tmp_path):
+    path = tmp_path / "train.tsv"
+    path.write_bytes(b"a\tb\n" + b"\xe9\x95\xbf" * (4 << 20))  # 12 MB, no final line break
+    bad = BadLines(str(path))
+    rows = list(read_split(Source("tsv", (path,), str(path)), RECIPES["tatoeba"], DataConfig(), bad))
+    assert rows == [(1, "a", "b")] and bad.summary() == {"line longer than 1 MiB": {"count": 1, "first_line": 2}}

@@ -43,7 +43,7 @@ from torch import nn
 
 from nmt import checkpoint as ckpt
 from nmt.config import Config
-from nmt.data.batching import Batch, PairDataset, Prefetcher, TokenBatchSampler, load_batch
+from nmt.data.batching import Batch, PairDataset, Prefetcher, WindowSampler, load_batch
 from nmt.data.vocab import check_vocab_copied
 from nmt.device import check_precision, describe, resolve_device, resolve_precision, set_threads
 from nmt.model.flops import train_flops, training_peak_flops
@@ -92,19 +92,19 @@ def fit(
 
 
 class _Stream:
-    """This rank's micro-batches in order, across epochs, from the position in TrainState."""
+    """This rank's micro-batches in order, across epochs, from the data position in TrainState:
+    (epoch, batch_in_epoch = g, the epoch's global batch index, the same on every rank;
+    `nmt.data.batching.WindowSampler.take`)."""
 
-    def __init__(self, sampler: TokenBatchSampler) -> None:
+    def __init__(self, sampler: WindowSampler) -> None:
         self.sampler = sampler
-        self._epoch, self._order = -1, []
 
     def take(self, state: TrainState, k: int) -> list[np.ndarray]:
         """Up to k batches from the current epoch (a group never spans two epochs)."""
-        if self._epoch != state.epoch:
-            self._epoch, self._order = state.epoch, self.sampler.epoch_batches(state.epoch)
-        group = self._order[state.batch_in_epoch : state.batch_in_epoch + k]
-        state.batch_in_epoch += len(group)
-        if state.batch_in_epoch >= len(self._order):
+        if not self.sampler.rank_count(state.batch_in_epoch):  # nothing left for the ranks (a resume)
+            state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+        group, state.batch_in_epoch = self.sampler.take(state.epoch, state.batch_in_epoch, k)
+        if not self.sampler.rank_count(state.batch_in_epoch):
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
         return group
 
@@ -160,7 +160,7 @@ class TrainData:
     """This rank's training batches, the run's tokenizers (None without a vocab) and, on rank 0, the validator."""
 
     dataset: Any  # ParallelSplit of "train"
-    sampler: TokenBatchSampler
+    sampler: WindowSampler
     src_tok: Any
     tgt_tok: Any
     validator: Validator | None
@@ -171,10 +171,9 @@ class TrainData:
 
         t = config.train
         dataset = ParallelSplit.open(run_dir, "train", config)
-        sampler = TokenBatchSampler(
-            dataset.src_lengths, dataset.tgt_lengths, t.max_tokens, t.max_len,
-            seed=t.seed, rank=info.rank, world_size=info.world_size,
-        )  # fmt: skip
+        sampler = WindowSampler(
+            dataset, t.max_tokens, t.max_len, seed=t.seed, rank=info.rank, world_size=info.world_size
+        )
         src_tok = tgt_tok = validator = None
         if (run_dir / "vocab").is_dir():
             from nmt.data.tokenizer import load_tokenizers
@@ -193,7 +192,8 @@ class TrainData:
     def describe(self) -> str:
         s = self.sampler
         return (
-            f"data: {s.kept} pairs in {len(s.batches)} batches ({len(s)} per rank per epoch), "
+            f"data: {s.kept} pairs in {s.total} batches ({len(s)} per rank per epoch, "
+            f"{len(s.counts)} window(s)), "
             f"{s.skipped} skipped (> train.max_len), padding waste {s.padding_waste:.1%}"
         )
 
@@ -284,7 +284,8 @@ class _Run:
         t = self.config.train
         with self.log:
             self._describe()
-            self.progress = TrainProgress(self.log, t.log_every, len(self.data.sampler), self.peak)
+            per_epoch = self.data.sampler.total  # the data position counts every rank's batches
+            self.progress = TrainProgress(self.log, t.log_every, per_epoch, self.peak)
             self.feed = _Feed(self.data, t.update_freq, self.state, self.device)
             try:
                 stop = self._updates()

@@ -378,8 +378,8 @@ class ParallelSplit:
     lengths read when asked for, a pair's tokens read from the files when asked for.
 
     The windows of `nmt.data.batching.WindowSampler` are the shards (`window_bounds`,
-    `window_lengths`). `src_lengths` / `tgt_lengths` are the whole split's (read once, kept): for
-    splits held whole (validation), not for a training corpus.
+    `window_lengths`). `src_lengths` / `tgt_lengths` (read once, kept) and `src_ids` / `tgt_ids`
+    are the whole split's: for splits held whole (validation) and checks, not for a training corpus.
     """
 
     def __init__(self, split: str, where: Path, shards: list[_ShardFiles]) -> None:
@@ -420,6 +420,19 @@ class ParallelSplit:
     @property
     def tgt_lengths(self) -> np.ndarray:
         return self._whole_lengths()[1]
+
+    @property
+    def src_ids(self) -> np.ndarray:
+        """Every source id of the split, shards in order, read into memory on each call (checks, small splits)."""
+        return self._whole_ids(0)
+
+    @property
+    def tgt_ids(self) -> np.ndarray:
+        return self._whole_ids(1)
+
+    def _whole_ids(self, side: int) -> np.ndarray:
+        parts = [np.fromfile(s.tok[side], dtype=s.dtype[side], offset=s.data_offset[side]) for s in self.shards]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
 
     def _whole_lengths(self) -> tuple[np.ndarray, np.ndarray]:
         if self._lengths is None:

@@ -1,14 +1,16 @@
 """Training: data stream, model, DDP, validation, checkpoints, stopping, resume.
 
-``train(config, run_dir)`` reads ``<run>/bin`` through memory-mapped ``ParallelSplit``s (memory
-does not grow with the corpus), builds the model, and loops over optimizer updates (see
+``train(config, run_dir)`` opens ``<run>/bin``'s splits without loading them (``ParallelSplit``:
+shards, a shard's lengths when batched, a batch's tokens read from the files), so the trainer's
+memory does not grow with the corpus, builds the model, and loops over optimizer updates (see
 ``nmt.train.update``) until the first of ``max_steps`` / ``max_epochs`` / ``max_time`` /
 early stopping (``patience`` evaluations without a validation BLEU gain; ``nmt.train.stopping``).
 Every ``eval_every`` updates — and once at the end — it validates and checkpoints
 (``nmt.train.validation.EvalHook``).
 
 Re-running on a run directory with checkpoints resumes from the newest complete one
-(``nmt.train.resume``) and continues exactly as if it had never stopped: same data position, RNG
+(``nmt.train.resume``) and continues exactly as if it had never stopped: same data position (the
+epoch and its global batch index, the same on every rank and at any rank count), RNG
 states, optimizer and schedule (bit-identical on one process; with several ranks only rank
 0's RNG is saved, the other ranks are reseeded from (seed, rank, step)). ``max_time`` is a
 budget of training-loop wall time — updates, validation and checkpoint writes — summed over
@@ -23,8 +25,9 @@ built when used. Either way the same batches, and the same data position in each
 The pieces, one seam each: `TrainData` (this rank's batches, tokenizers, validator), `_Feed` (the
 batches of each update), `build_seeded` / `wrap` (the model), `resume_checkpoint` (resume),
 `StoppingRules` (when to stop), `EvalHook` (validation and checkpoints), `TrainLog` +
-`TrainProgress` (logging, MFU against the measured matmul peak); `_Run` only wires them together
-and runs the loop.
+`TrainProgress` (logging, MFU against the measured matmul peak), `ResidentMemory` (the peaks of
+anonymous and file-backed memory, logged at the end); `_Run` only wires them together and runs
+the loop.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from nmt.device import check_precision, describe, resolve_device, resolve_precis
 from nmt.model.flops import train_flops, training_peak_flops
 from nmt.runlog import TB_DIR
 from nmt.train.distributed import DistInfo, barrier, init_distributed, teardown
+from nmt.train.memory import ResidentMemory
 from nmt.train.progress import TrainLog, TrainProgress
 from nmt.train.resume import init_weights, reshard, resume_checkpoint
 from nmt.train.stopping import StoppingRules
@@ -281,6 +285,7 @@ class _Run:
     def loop(self, on_step: Callable[[StepResult], None] | None = None) -> dict:
         """Update until a stopping rule fires, validate/checkpoint once more; the summary (rank 0)."""
         self.on_step, self.issued = on_step, []
+        self.memory = ResidentMemory()
         t = self.config.train
         with self.log:
             self._describe()
@@ -296,6 +301,8 @@ class _Run:
                 self._evaluate()
             barrier()
             self.log.line(self.rules.describe(stop, self.state))
+            if line := self.memory.describe():
+                self.log.line(line)
         return self._summary(stop) if self.info.is_main else {}
 
     def _updates(self) -> str | None:
@@ -344,6 +351,7 @@ class _Run:
         start = time.monotonic()
         self.trainer.flush()
         self.progress.add_time(time.monotonic() - start)
+        self.memory.sample()
         issued, self.issued = self.issued, []
         for result in issued:
             if self.on_step is not None:

@@ -42,6 +42,7 @@ from nmt.model.masks import Packing, packing_from_lengths
 
 T = TypeVar("T")
 _CACHED = 2  # windows whose batches a sampler keeps (one more than the one in use)
+_BLOCK = 1 << 16  # pair sizes turned into Python ints at once when forming a window's batches
 
 
 class PairDataset(Protocol):
@@ -244,14 +245,15 @@ def _window_batches(
     idx = np.random.default_rng(seed).permutation(len(src))
     idx = idx[(src[idx] <= limit) & (tgt[idx] <= limit)]
     idx = idx[np.lexsort((tgt[idx], src[idx]))]  # stable: primary src, then tgt
-    sizes = (np.maximum(src[idx], tgt[idx]) + 1).tolist()
+    sizes = np.maximum(src[idx], tgt[idx]) + 1
     cuts, start, longest = [0], 0, 0
-    for pos, size in enumerate(sizes):
-        grown = longest if longest > size else size
-        if pos > start and (pos - start + 1) * grown > max_tokens:
-            cuts.append(pos)
-            start, grown = pos, size
-        longest = grown
+    for block in range(0, len(sizes), _BLOCK):  # Python ints a block at a time (a list of all is big)
+        for pos, size in enumerate(sizes[block : block + _BLOCK].tolist(), block):
+            grown = longest if longest > size else size
+            if pos > start and (pos - start + 1) * grown > max_tokens:
+                cuts.append(pos)
+                start, grown = pos, size
+            longest = grown
     if start < len(sizes):
         cuts.append(len(sizes))
     return idx, np.array(cuts, dtype=np.int64)

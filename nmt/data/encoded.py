@@ -344,11 +344,21 @@ class _ShardFiles:
     offsets: tuple[np.ndarray, np.ndarray] | None = None  # older layout: (N+1,) int64, memory-mapped
 
     def read_lengths(self) -> tuple[np.ndarray, np.ndarray]:
-        """(source, target) pieces per pair, int64, read into memory (not mapped)."""
+        """(source, target) pieces per pair, int32, read into memory (not mapped)."""
         if self.offsets is not None:
-            return np.diff(self.offsets[0]), np.diff(self.offsets[1])
+            return np.diff(self.offsets[0]).astype(np.int32), np.diff(self.offsets[1]).astype(np.int32)
         assert self.lengths is not None
-        return tuple(np.fromfile(p, dtype=LENGTH_DTYPE).astype(np.int64) for p in self.lengths)  # type: ignore[return-value]
+        return tuple(np.fromfile(p, dtype=LENGTH_DTYPE).astype(np.int32) for p in self.lengths)  # type: ignore[return-value]
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    """(n+1,) start of each pair's ids in its token file: uint32 where the shard's ids fit (half
+    the memory of int64), else int64."""
+    total = int(lengths.sum(dtype=np.int64))
+    dtype = np.uint32 if total < 2**32 else np.int64
+    out = np.zeros(len(lengths) + 1, dtype=dtype)
+    np.cumsum(lengths, dtype=dtype, out=out[1:])
+    return out
 
 
 class _OpenShard:
@@ -358,7 +368,7 @@ class _OpenShard:
         self.files = files
         self.offsets = files.offsets
         if self.offsets is None:
-            self.offsets = tuple(np.concatenate(([0], np.cumsum(n))) for n in files.read_lengths())
+            self.offsets = tuple(_offsets(n) for n in files.read_lengths())
         self.handles: list[IO[bytes]] = [open(p, "rb", buffering=0) for p in files.tok]  # noqa: SIM115
 
     def side(self, side: int, j: int) -> np.ndarray:
@@ -409,12 +419,12 @@ class ParallelSplit:
         return self.bounds
 
     def window_lengths(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(source, target) pieces per pair of shard k, int64, without BOS/EOS."""
+        """(source, target) pieces per pair of shard k, int32, without BOS/EOS."""
         return self.shards[k].read_lengths()
 
     @property
     def src_lengths(self) -> np.ndarray:
-        """(N,) int64 source pieces of the whole split (read once)."""
+        """(N,) int32 source pieces of the whole split (read once)."""
         return self._whole_lengths()[0]
 
     @property

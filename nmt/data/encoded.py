@@ -17,7 +17,8 @@ worker count or the run directory). `write_split` writes the same format from id
 
 `ParallelSplit` opens a split without loading it: per shard, the lengths are read when asked
 for (`window_lengths`), and a pair's tokens with `os.pread` (page cache, not the process's memory).
-The older layout (`bin/{split}.{lang}.npy` int32 + `.offsets.npy` int64) still opens, as one window.
+The older layout (`bin/{split}.{lang}.npy` int32 + `.offsets.npy` int64) still opens, as one window,
+and is read first where present: an encoding removes it, so where both exist it was written since.
 """
 
 from __future__ import annotations
@@ -156,13 +157,13 @@ def _staging(bin_dir: Path, split: str) -> Iterator[Path]:
     scratch = Path(tempfile.mkdtemp(prefix=f".{split}.tmp-", dir=bin_dir))
     try:
         yield scratch
+        for legacy in bin_dir.glob(f"{split}.*.npy"):  # the older layout, gone first: it would be read first
+            legacy.unlink()
         final, old = bin_dir / split, bin_dir / f".{split}.old-{os.getpid()}"
         if final.exists():
             os.replace(final, old)
         os.replace(scratch, final)
         shutil.rmtree(old, ignore_errors=True)
-        for legacy in bin_dir.glob(f"{split}.*.npy"):  # the older layout of this split
-            legacy.unlink()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -405,10 +406,10 @@ class ParallelSplit:
         when it is missing, incomplete or inconsistent."""
         bin_dir = Path(run_dir) / "bin"
         langs = (config.data.src_lang, config.data.tgt_lang)
+        if (bin_dir / f"{split}.{langs[0]}.npy").is_file():  # written since any encoding (which removes it)
+            return cls(split, bin_dir, [_legacy_shard(bin_dir, split, langs)])
         if (bin_dir / split / MANIFEST).is_file():
             return cls(split, bin_dir / split, _manifest_shards(bin_dir / split, langs))
-        if (bin_dir / f"{split}.{langs[0]}.npy").is_file():
-            return cls(split, bin_dir, [_legacy_shard(bin_dir, split, langs)])
         raise NmtError(f"{bin_dir / split / MANIFEST}: not found; run `nmt vocab` first (it encodes the corpus)")
 
     def __len__(self) -> int:
@@ -548,9 +549,8 @@ def encoded_files(run_dir: Path, split: str) -> list[Path]:
     """The files whose bytes define an encoded split: its manifest (which holds every shard's sha256),
     or the older layout's arrays. For stage stamps."""
     bin_dir = Path(run_dir) / "bin"
-    if (bin_dir / split / MANIFEST).is_file():
-        return [bin_dir / split / MANIFEST]
-    return sorted(bin_dir.glob(f"{split}.*.npy"))
+    legacy = sorted(bin_dir.glob(f"{split}.*.npy"))
+    return legacy or [p for p in [bin_dir / split / MANIFEST] if p.is_file()]
 
 
 def manifest_path(run_dir: Path, split: str) -> Path:

@@ -237,6 +237,14 @@ def test_the_older_layout_opens_as_one_window_and_a_new_encoding_replaces_it(tmp
     make_split(tmp_path, models)
     assert sorted(p.name for p in (tmp_path / "bin").iterdir()) == ["train"]  # the old arrays are gone
     assert len(ParallelSplit.open(tmp_path, "train", CONFIG)) == len(ZH)
+    write_legacy(tmp_path, "train", pairs)  # written after the encoding: the split now
+    assert len(ParallelSplit.open(tmp_path, "train", CONFIG)) == 3
+    assert [p.name for p in encoded.encoded_files(tmp_path, "train")] == [
+        "train.en.npy",
+        "train.en.offsets.npy",
+        "train.zh.npy",
+        "train.zh.offsets.npy",
+    ]
 
 
 def test_the_older_layout_checks_its_offsets(tmp_path):

@@ -122,7 +122,9 @@ def _ran(run_dir: Path, stage: str, fn) -> str:
 
 
 def _train_digest(config: Config, run_dir: Path) -> str:
-    bins = sorted((run_dir / "bin").glob("train.*.npy"))
+    from nmt.data.encoded import encoded_files
+
+    bins = encoded_files(run_dir, "train")
     sections = stamp_sections(config)
     return hash_files(bins, {"model": sections["model"], "train": sections["train"]})
 

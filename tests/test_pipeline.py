@@ -25,7 +25,7 @@ def test_pipeline_makes_every_artifact(tiny_run):
         "corpus/stats.json",
         "vocab/zh.model",
         "vocab/en.model",
-        "bin/train.zh.npy",
+        "bin/train/manifest.json",
         "checkpoints/final.safetensors",
         "eval/test.json",
         "train.log",

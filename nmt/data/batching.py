@@ -1,17 +1,21 @@
-"""Token-budget batches from length-sorted buckets, sharded over ranks; collate.
+"""Token-budget batches formed window by window, shared out over ranks by position; collate.
 
 A batch's padded size is ``n_sentences * max(longest src + 1, longest tgt + 1)`` (the +1 is
 the EOS on the source/target and the BOS on the decoder input) and never exceeds
-``max_tokens``. Batches are formed once, greedily, over pairs sorted by (src_len, tgt_len)
-(ties broken by a seeded permutation), so each batch holds similar lengths and padding is
-small. Every epoch the batch *order* is shuffled with ``seed + epoch``; every kept pair is
-seen exactly once per epoch. Pairs with a side longer than ``max_len`` are skipped and
-counted.
+``max_tokens``. The pairs come in *windows* (an encoded split's shards, `nmt.data.encoded`, or
+one window of lengths held in memory): a window's batches are formed once, greedily, over its
+pairs sorted by (src_len, tgt_len) (ties broken by a permutation seeded by (seed, window)), so each
+batch holds similar lengths and padding is small. Pairs with a side longer than ``max_len`` are
+skipped and counted. Only one window's lengths and batches are in memory at a time: the
+sampler's memory follows the window, not the corpus.
 
-With ``world_size`` ranks each rank takes every ``world_size``-th batch of the shuffled
-order; the remainder (fewer than ``world_size`` batches) is dropped for that epoch so that
-every rank runs the same number of steps (no rank waits forever in a collective). Which
-batches are dropped changes with the epoch's shuffle.
+An epoch visits the windows in an order seeded by (seed, epoch) and each window's batches in an
+order seeded by (seed, epoch, window); every kept pair is in exactly one batch of the epoch.
+Batch g of that order is the epoch's *global* batch g. Training's data position is (epoch, g):
+from g, rank r of W takes the batches g + r, g + r + W, ..., the same count on every rank; the
+last (fewer than W) batches of the epoch are left out of it, so no rank waits forever in a
+collective. The position is the same on every rank and means the same at any W, so a
+checkpoint written on W ranks resumes exactly on any other number.
 
 `collate` makes a `Batch`: the padded id tensors plus, for each side, a `Packing` (where the real
 tokens are, cu_seqlens, the longest length) computed here on the host from the sentence lengths, so
@@ -22,6 +26,7 @@ a GPU, with `Batch.pin_memory` for copies that do not wait).
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 from collections.abc import Iterator, Sequence
@@ -36,6 +41,8 @@ from nmt.errors import NmtError
 from nmt.model.masks import Packing, packing_from_lengths
 
 T = TypeVar("T")
+_CACHED = 2  # windows whose batches a sampler keeps (one more than the one in use)
+_BLOCK = 1 << 16  # pair sizes turned into Python ints at once when forming a window's batches
 
 
 class PairDataset(Protocol):
@@ -46,16 +53,169 @@ class PairDataset(Protocol):
     def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]: ...
 
 
-class TokenBatchSampler:
-    """Fixed token-budget batches; per-epoch shuffled order; per-rank shards.
+class LengthWindows(Protocol):
+    """Pairs in windows, each read alone: `nmt.data.encoded.ParallelSplit` (its shards), `InMemory`."""
+
+    def window_bounds(self) -> np.ndarray: ...  # (S+1,) int64: window k holds pairs bounds[k]:bounds[k+1]
+    def window_lengths(self, k: int) -> tuple[np.ndarray, np.ndarray]: ...  # (src, tgt) pieces of window k
+
+
+class InMemory:
+    """Length arrays held in memory as one window."""
+
+    def __init__(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> None:
+        self.src = np.asarray(src_lengths, dtype=np.int64)
+        self.tgt = np.asarray(tgt_lengths, dtype=np.int64)
+        if self.src.shape != self.tgt.shape:
+            raise NmtError(f"source and target have different sentence counts ({len(self.src)} vs {len(self.tgt)})")
+
+    def window_bounds(self) -> np.ndarray:
+        return np.array([0, len(self.src)], dtype=np.int64)
+
+    def window_lengths(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.src, self.tgt
+
+
+@dataclass(frozen=True)
+class _WindowStats:
+    batches: int
+    kept: int
+    skipped: int
+    real_tokens: int  # src + tgt pieces, EOS/BOS included
+    padded_tokens: int  # slots of the collated src + tgt_out
+
+
+class WindowSampler:
+    """Fixed token-budget batches, window by window; per-epoch shuffled order; per-rank share.
 
     Args:
-        src_lengths, tgt_lengths: (N,) pieces per sentence, without BOS/EOS.
+        windows: the pairs' lengths, a window at a time (`LengthWindows`).
         max_tokens: budget for ``n_sentences * (longest side + 1)``.
         max_len: pairs with a side longer than this are skipped (counted in ``skipped``).
         seed: fixes tie-breaking within equal lengths and the per-epoch shuffles.
-        rank, world_size: this process's shard.
-        shuffle: shuffle batch order per epoch (off for validation).
+        rank, world_size: this process's share.
+        shuffle: shuffle window and batch order per epoch (off for validation: length order).
+
+    Opening reads every window once (lengths only) to count its batches: the map from a global
+    batch index to (window, batch) that resuming at any position needs.
+    """
+
+    def __init__(
+        self,
+        windows: LengthWindows,
+        max_tokens: int,
+        max_len: int,
+        seed: int = 1,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world size {world_size}")
+        self.windows, self.max_tokens, self.seed, self.shuffle = windows, max_tokens, seed, shuffle
+        self.limit = min(max_len, max_tokens - 1)  # a pair must fit in a batch of one
+        self.rank, self.world_size = rank, world_size
+        self.starts = np.asarray(windows.window_bounds(), dtype=np.int64)
+        self._cache: collections.OrderedDict[tuple[int, int], list[np.ndarray]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        stats = [self._stats(k) for k in range(len(self.starts) - 1)]
+        self.counts = np.array([s.batches for s in stats], dtype=np.int64)  # batches per window
+        self.kept, self.skipped = sum(s.kept for s in stats), sum(s.skipped for s in stats)
+        self.real_tokens = sum(s.real_tokens for s in stats)
+        self.padded_tokens = sum(s.padded_tokens for s in stats)
+        if self.total < world_size:
+            raise NmtError(f"only {self.total} batch(es) for {world_size} ranks: the training split is too small")
+
+    def _stats(self, k: int) -> _WindowStats:
+        src, tgt = self.windows.window_lengths(k)
+        idx, cuts = _window_batches(src, tgt, self.limit, self.max_tokens, (self.seed, k))
+        padded = 0
+        if len(idx):
+            longest = np.maximum.reduceat(src[idx], cuts[:-1]) + np.maximum.reduceat(tgt[idx], cuts[:-1]) + 2
+            padded = int(np.dot(np.diff(cuts), longest))
+        real = int(src[idx].sum() + tgt[idx].sum() + 2 * len(idx))
+        return _WindowStats(len(cuts) - 1, len(idx), len(src) - len(idx), real, padded)
+
+    @property
+    def total(self) -> int:
+        """Batches per epoch, all ranks together."""
+        return int(self.counts.sum())
+
+    @property
+    def padding_waste(self) -> float:
+        """Fraction of the collated src + tgt_out slots over all batches that are padding."""
+        return 1.0 - self.real_tokens / max(self.padded_tokens, 1)
+
+    def __len__(self) -> int:
+        """Batches this rank gets per epoch (from its start)."""
+        return self.total // self.world_size
+
+    def window_order(self, epoch: int) -> np.ndarray:
+        """The windows in the order `epoch` visits them."""
+        n = len(self.counts)
+        return np.random.default_rng((self.seed, epoch)).permutation(n) if self.shuffle else np.arange(n)
+
+    def window_batches(self, k: int) -> list[np.ndarray]:
+        """Window k's batches as split indices, in length order (formed anew on every call)."""
+        src, tgt = self.windows.window_lengths(k)
+        idx, cuts = _window_batches(src, tgt, self.limit, self.max_tokens, (self.seed, k))
+        return [idx[a:b] + self.starts[k] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+    def _shuffled(self, epoch: int, k: int) -> list[np.ndarray]:
+        """Window k's batches in `epoch`'s order. The last `_CACHED` are kept: the loader and a
+        prefetch thread may be in two windows at once."""
+        with self._lock:
+            if (epoch, k) in self._cache:
+                self._cache.move_to_end((epoch, k))
+                return self._cache[epoch, k]
+            batches = self.window_batches(k)
+            if self.shuffle:
+                order = np.random.default_rng((self.seed, epoch, k)).permutation(len(batches))
+                batches = [batches[i] for i in order]
+            self._cache[epoch, k] = batches
+            while len(self._cache) > _CACHED:
+                self._cache.popitem(last=False)
+            return batches
+
+    def batch(self, epoch: int, g: int) -> np.ndarray:
+        """Global batch g of `epoch` (0 <= g < total)."""
+        order = self.window_order(epoch)
+        ends = np.cumsum(self.counts[order])
+        at = int(np.searchsorted(ends, g, side="right"))
+        return self._shuffled(epoch, int(order[at]))[g - int(ends[at] - self.counts[order[at]])]
+
+    def epoch_order(self, epoch: int) -> Iterator[np.ndarray]:
+        """Every batch of `epoch` in order, before sharing out (every kept pair once)."""
+        for k in self.window_order(epoch):
+            yield from self._shuffled(epoch, int(k))
+
+    def rank_count(self, g: int) -> int:
+        """Batches each rank takes in the rest of an epoch from global position g."""
+        return max(self.total - g, 0) // self.world_size
+
+    def take(self, epoch: int, g: int, k: int) -> tuple[list[np.ndarray], int]:
+        """This rank's next (up to) k batches of `epoch` from global position g, and the position after
+        them (the same on every rank): batches g + rank + j * world_size for j < k."""
+        n = min(k, self.rank_count(g))
+        batches = [self.batch(epoch, g + self.rank + j * self.world_size) for j in range(n)]
+        return batches, g + n * self.world_size
+
+    def iter_epoch(self, epoch: int, start: int = 0) -> Iterator[np.ndarray]:
+        """This rank's batches of `epoch`, from its `start`-th (global position start * world_size)."""
+        g = start * self.world_size
+        while self.rank_count(g):
+            batches, g = self.take(epoch, g, 1)
+            yield batches[0]
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        """This rank's batches of `epoch` (the same count on every rank)."""
+        return list(self.iter_epoch(epoch))
+
+
+class TokenBatchSampler(WindowSampler):
+    """`WindowSampler` over length arrays held in memory (one window): validation, tests.
+
+    Args: src_lengths, tgt_lengths: (N,) pieces per sentence, without BOS/EOS; the rest as `WindowSampler`.
     """
 
     def __init__(
@@ -69,73 +229,34 @@ class TokenBatchSampler:
         world_size: int = 1,
         shuffle: bool = True,
     ) -> None:
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} outside world size {world_size}")
-        src = np.asarray(src_lengths, dtype=np.int64)
-        tgt = np.asarray(tgt_lengths, dtype=np.int64)
-        if src.shape != tgt.shape:
-            raise NmtError(f"source and target have different sentence counts ({len(src)} vs {len(tgt)})")
-        self.max_tokens, self.seed, self.shuffle = max_tokens, seed, shuffle
-        self.rank, self.world_size = rank, world_size
-        limit = min(max_len, max_tokens - 1)  # a pair must fit in a batch of one
-        keep = (src <= limit) & (tgt <= limit)
-        self.skipped = int((~keep).sum())
-        self.batches = _make_batches(src, tgt, keep, max_tokens, seed)
-        if len(self.batches) < world_size:
-            raise NmtError(
-                f"only {len(self.batches)} batch(es) for {world_size} ranks: the training split is too small"
-            )
-        self.real_tokens = int(sum((src[b] + tgt[b]).sum() + 2 * len(b) for b in self.batches))
-        self.padded_tokens = int(sum(len(b) * (src[b].max() + tgt[b].max() + 2) for b in self.batches))
+        super().__init__(InMemory(src_lengths, tgt_lengths), max_tokens, max_len, seed, rank, world_size, shuffle)
 
     @property
-    def kept(self) -> int:
-        return sum(len(b) for b in self.batches)
-
-    @property
-    def padding_waste(self) -> float:
-        """Fraction of the collated src + tgt_out slots over all batches that are padding."""
-        return 1.0 - self.real_tokens / max(self.padded_tokens, 1)
-
-    def __len__(self) -> int:
-        """Batches this rank gets per epoch."""
-        return len(self.batches) // self.world_size
-
-    def epoch_order(self, epoch: int) -> list[np.ndarray]:
-        """All batches of `epoch` in order, before sharding (every kept pair once)."""
-        if not self.shuffle:
-            return list(self.batches)
-        order = np.random.default_rng(self.seed + epoch).permutation(len(self.batches))
-        return [self.batches[i] for i in order]
-
-    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        """This rank's batches of `epoch` (same count on every rank)."""
-        order = self.epoch_order(epoch)
-        usable = len(self) * self.world_size
-        return order[self.rank : usable : self.world_size]
-
-    def iter_epoch(self, epoch: int, start: int = 0) -> Iterator[np.ndarray]:
-        """This rank's batches of `epoch` from batch index `start` (resuming mid-epoch)."""
-        yield from self.epoch_batches(epoch)[start:]
+    def batches(self) -> list[np.ndarray]:
+        """Every batch, in length order."""
+        return self.window_batches(0)
 
 
-def _make_batches(src: np.ndarray, tgt: np.ndarray, keep: np.ndarray, max_tokens: int, seed: int) -> list[np.ndarray]:
-    """Greedy batches over kept indices sorted by (src_len, tgt_len), ties in seeded order."""
+def _window_batches(
+    src: np.ndarray, tgt: np.ndarray, limit: int, max_tokens: int, seed: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy batches over one window's kept pairs sorted by (src_len, tgt_len), ties in an order
+    seeded by `seed`. Returns (window indices in batch order, cuts): batch b is idx[cuts[b]:cuts[b+1]]."""
     idx = np.random.default_rng(seed).permutation(len(src))
-    idx = idx[keep[idx]]
+    idx = idx[(src[idx] <= limit) & (tgt[idx] <= limit)]
     idx = idx[np.lexsort((tgt[idx], src[idx]))]  # stable: primary src, then tgt
     sizes = np.maximum(src[idx], tgt[idx]) + 1
-    batches: list[np.ndarray] = []
-    start, longest = 0, 0
-    for pos in range(len(idx)):
-        grown = max(longest, int(sizes[pos]))
-        if pos > start and (pos - start + 1) * grown > max_tokens:
-            batches.append(idx[start:pos])
-            start, grown = pos, int(sizes[pos])
-        longest = grown
-    if start < len(idx):
-        batches.append(idx[start:])
-    return batches
+    cuts, start, longest = [0], 0, 0
+    for block in range(0, len(sizes), _BLOCK):  # Python ints a block at a time (a list of all is big)
+        for pos, size in enumerate(sizes[block : block + _BLOCK].tolist(), block):
+            grown = longest if longest > size else size
+            if pos > start and (pos - start + 1) * grown > max_tokens:
+                cuts.append(pos)
+                start, grown = pos, size
+            longest = grown
+    if start < len(sizes):
+        cuts.append(len(sizes))
+    return idx, np.array(cuts, dtype=np.int64)
 
 
 def pad_sources(seqs: Sequence[Sequence[int]]) -> torch.Tensor:

@@ -1,33 +1,241 @@
-"""Encoded splits: the ids of every sentence of a split in one memory-mapped array.
+"""Encoded splits: token shards with a lengths index, read a window at a time.
 
-    <run>/bin/{split}.{lang}.npy          int32 piece ids of all sentences, concatenated (no BOS/EOS)
-    <run>/bin/{split}.{lang}.offsets.npy  int64, N+1 entries: sentence i is ids[off[i]:off[i+1]]
+    <run>/bin/{split}/manifest.json      format 2: pairs, shards, dtypes, bytes and sha256 of every file
+    <run>/bin/{split}/sNNNN.{lang}.tok   piece ids of the shard's sentences, concatenated (no BOS/EOS),
+                                         little-endian uint16 (uint32 for a vocabulary over 65,535)
+    <run>/bin/{split}/sNNNN.{lang}.len   uint32 pieces per sentence, in the same order
 
-`binarize` streams a text file through SentencePiece in chunks (optionally in worker processes)
-and writes both arrays without holding the split in memory; `ParallelSplit` maps them read-only.
+Pair i of a split goes to shard ``splitmix64(seed, i) % S`` (S = ceil(pairs / shard_pairs); valid and
+test are one shard, in corpus order), so every shard mixes the corpus's sources, and a shard is a
+window the training sampler batches in alone (`nmt.data.batching.WindowSampler`).
+
+`encode_split` streams both text files through SentencePiece in chunks (in worker processes, one
+SentencePiece thread each), writes every file into a scratch folder and renames it into place
+last: a split folder is complete or absent, and a killed encoding leaves nothing that a rerun
+keeps. Its bytes depend only on the texts, the models, the seed and the shard size (not on the
+worker count or the run directory). `write_split` writes the same format from id sequences.
+
+`ParallelSplit` opens a split without loading it: per shard, the lengths are read when asked
+for (`window_lengths`), and a pair's tokens with `os.pread` (page cache, not the process's memory).
+The older layout (`bin/{split}.{lang}.npy` int32 + `.offsets.npy` int64) still opens, as one window,
+and is read first where present: an encoding removes it, so where both exist it was written since.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
+import hashlib
 import itertools
+import json
 import multiprocessing
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import sentencepiece as spm
 
 from nmt import UNK_ID
 from nmt.config import Config
+from nmt.data.readers import count_lines
 from nmt.errors import NmtError
-from nmt.files import atomic_path
+from nmt.files import atomic_write_json
+
+FORMAT = 2
+SHARD_PAIRS = 1_000_000  # pairs per training shard: one window of the training sampler
+LENGTH_DTYPE = np.dtype("<u4")
+MANIFEST = "manifest.json"
+_OPEN_WINDOWS = 2  # shards whose offsets and files stay open (the loader and a prefetch thread)
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 for a vocabulary of up to 65,535 pieces, else uint32 (little-endian)."""
+    return np.dtype("<u2") if vocab_size <= 65_535 else np.dtype("<u4")
+
+
+def shard_of(indices: np.ndarray, seed: int, shards: int) -> np.ndarray:
+    """The shard of each pair index: splitmix64 of (seed, index) modulo `shards` (int64 array)."""
+    if shards == 1:
+        return np.zeros(len(indices), dtype=np.int64)
+    with np.errstate(over="ignore"):
+        z = np.asarray(indices, dtype=np.uint64) + np.uint64((seed * 0x9E3779B97F4A7C15) % 2**64)
+        z = z + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z % np.uint64(shards)).astype(np.int64)
+
+
+def shard_count(pairs: int, shard_pairs: int | None) -> int:
+    """ceil(pairs / shard_pairs), at least 1; one shard when `shard_pairs` is None."""
+    return 1 if shard_pairs is None else max(1, -(-pairs // shard_pairs))
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _group_by_shard(
+    flat: np.ndarray, lengths: np.ndarray, shard: np.ndarray, shards: int
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """{shard: (its tokens, its lengths)} of one chunk, pairs kept in corpus order within a shard."""
+    if shards == 1:
+        return {0: (flat, lengths)} if len(lengths) else {}
+    order = np.argsort(shard, kind="stable")
+    token_shard = np.repeat(shard, lengths)
+    token_order = np.argsort(token_shard, kind="stable")
+    line_cuts = np.searchsorted(shard[order], np.arange(shards + 1))
+    token_cuts = np.searchsorted(token_shard[token_order], np.arange(shards + 1))
+    groups = {}
+    for k in np.flatnonzero(np.diff(line_cuts)):
+        groups[int(k)] = (
+            flat[token_order[token_cuts[k] : token_cuts[k + 1]]],
+            lengths[order[line_cuts[k] : line_cuts[k + 1]]],
+        )
+    return groups
+
+
+class _HashedFile:
+    """A file written once, front to back, with its sha256 and size kept as it goes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.file = path, open(path, "wb")  # noqa: SIM115 — closed by `close`
+        self.sha, self.bytes = hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> None:
+        self.file.write(data)
+        self.sha.update(data)
+        self.bytes += len(data)
+
+    def close(self) -> dict:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        return {"bytes": self.bytes, "sha256": self.sha.hexdigest()}
+
+
+class _SideWriter:
+    """One language of a split: its `.tok` and `.len` file in every shard, appended chunk by chunk."""
+
+    def __init__(self, folder: Path, lang: str, dtype: np.dtype, shards: int) -> None:
+        self.dtype = dtype
+        self.tok = [_HashedFile(folder / f"{_shard_name(k)}.{lang}.tok") for k in range(shards)]
+        self.len = [_HashedFile(folder / f"{_shard_name(k)}.{lang}.len") for k in range(shards)]
+        self.pairs, self.tokens = [0] * shards, [0] * shards
+        self.unk = 0
+
+    def add(self, groups: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
+        for k, (flat, lengths) in groups.items():
+            self.tok[k].write(np.asarray(flat).astype(self.dtype, copy=False).tobytes())
+            self.len[k].write(np.asarray(lengths).astype(LENGTH_DTYPE, copy=False).tobytes())
+            self.pairs[k] += len(lengths)
+            self.tokens[k] += len(flat)
+            self.unk += int(np.count_nonzero(flat == UNK_ID))
+
+    def close(self) -> dict[str, dict]:
+        """{file name: {"bytes", "sha256"}} of every file written."""
+        return {f.path.name: f.close() for f in (*self.tok, *self.len)}
+
+
+def _shard_name(k: int) -> str:
+    return f"s{k:04d}"
+
+
+@contextlib.contextmanager
+def _staging(bin_dir: Path, split: str) -> Iterator[Path]:
+    """A scratch folder in `bin_dir`, renamed to `bin_dir/split` on success (the old one removed),
+    deleted on failure. Leftovers of a killed run (``.{split}.tmp-*``, ``.{split}.old-*``) go first."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for stale in itertools.chain(bin_dir.glob(f".{split}.tmp-*"), bin_dir.glob(f".{split}.old-*")):
+        shutil.rmtree(stale, ignore_errors=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{split}.tmp-", dir=bin_dir))
+    try:
+        yield scratch
+        for legacy in bin_dir.glob(f"{split}.*.npy"):  # the older layout, gone first: it would be read first
+            legacy.unlink()
+        final, old = bin_dir / split, bin_dir / f".{split}.old-{os.getpid()}"
+        if final.exists():
+            os.replace(final, old)
+        os.replace(scratch, final)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _manifest(split: str, langs: Sequence[str], seed: int, writers: dict[str, _SideWriter], files: dict) -> dict:
+    """The manifest of a split whose sides were all written (counts checked equal per shard)."""
+    first = writers[langs[0]]
+    shards = []
+    for k in range(len(first.pairs)):
+        name = _shard_name(k)
+        shards.append({
+            "name": name,
+            "pairs": first.pairs[k],
+            "tokens": {lang: writers[lang].tokens[k] for lang in langs},
+            "files": {f: files[f] for lang in langs for f in (f"{name}.{lang}.tok", f"{name}.{lang}.len")},
+        })  # fmt: skip
+    return {
+        "format": FORMAT,
+        "split": split,
+        "langs": list(langs),
+        "pairs": sum(first.pairs),
+        "seed": seed,
+        "token_dtype": {lang: writers[lang].dtype.str for lang in langs},
+        "length_dtype": LENGTH_DTYPE.str,
+        "unk": {lang: writers[lang].unk for lang in langs},
+        "shards": shards,
+    }
+
+
+def write_split(
+    bin_dir: Path,
+    split: str,
+    sides: dict[str, Iterable[tuple[np.ndarray, np.ndarray]]],
+    vocab_sizes: dict[str, int],
+    seed: int = 1,
+    shards: int = 1,
+) -> dict:
+    """Write `split` into `bin_dir/split` from, per language, chunks of (flat ids, lengths) in corpus
+    order (the chunks may differ per language; the pairs may not). Returns the manifest.
+
+    The one writer of the format: `encode_split` feeds it SentencePiece's output; tests and
+    benchmarks feed it id sequences. NmtError when the languages' pair counts differ.
+    """
+    langs = list(sides)
+    with _staging(Path(bin_dir), split) as scratch:
+        writers, files = {}, {}
+        for lang, chunks in sides.items():
+            writers[lang] = _SideWriter(scratch, lang, token_dtype(vocab_sizes[lang]), shards)
+            start = 0
+            for flat, lengths in chunks:
+                shard = shard_of(np.arange(start, start + len(lengths)), seed, shards)
+                writers[lang].add(_group_by_shard(np.asarray(flat), np.asarray(lengths), shard, shards))
+                start += len(lengths)
+            files |= writers[lang].close()
+        counts = {lang: sum(w.pairs) for lang, w in writers.items()}
+        if len(set(counts.values())) > 1:
+            raise NmtError(f"{Path(bin_dir) / split}: the languages have different pair counts {counts}")
+        manifest = _manifest(split, langs, seed, writers, files)
+        atomic_write_json(scratch / MANIFEST, manifest)
+    return manifest
+
+
+@dataclass(frozen=True)
+class TextSide:
+    """One language of a split to encode: its text (one sentence a line), its SentencePiece model,
+    and a picklable `normalize` applied to each line first (None: the text is already normalised)."""
+
+    lang: str
+    text: Path
+    model: Path
+    normalize: Callable[[str], str] | None = None
+
 
 _WORKER: dict[str, Any] = {}
 
@@ -37,15 +245,16 @@ def _init_worker(model_path: str, normalize: Callable[[str], str] | None) -> Non
     _WORKER["normalize"] = normalize
 
 
-def _encode_chunk(lines: list[str]) -> tuple[np.ndarray, np.ndarray, int]:
-    """(flat int32 ids, int64 lengths, unk count) of one chunk of lines."""
+def _encode_chunk(lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(flat int32 ids, int64 lengths) of one chunk of lines; one SentencePiece thread (the
+    parallelism is the worker processes)."""
     normalize = _WORKER["normalize"]
     if normalize is not None:
         lines = [normalize(line) for line in lines]
-    pieces = _WORKER["sp"].encode(lines, out_type=int)
+    pieces = _WORKER["sp"].encode(lines, out_type=int, num_threads=1)
     lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
     flat = np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int32, count=int(lengths.sum()))
-    return flat, lengths, int(np.count_nonzero(flat == UNK_ID))
+    return flat, lengths
 
 
 def _chunks(path: Path, size: int) -> Iterator[list[str]]:
@@ -70,109 +279,279 @@ def _map_ordered(fn: Callable, items: Iterable, workers: int, initargs: tuple) -
             yield pending.popleft().get()
 
 
-@contextlib.contextmanager
-def _scratch(folder: Path) -> Iterator[Path]:
-    """A temporary file in `folder`, removed on exit."""
-    fd, name = tempfile.mkstemp(prefix=".raw.", dir=folder)
-    os.close(fd)
-    try:
-        yield Path(name)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name)
+def _encoded_chunks(
+    side: TextSide, workers: int, chunk_lines: int, on_progress: Callable[[int], None] | None
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    for flat, lengths in _map_ordered(
+        _encode_chunk, _chunks(side.text, chunk_lines), workers, (str(side.model), side.normalize)
+    ):
+        if on_progress is not None:
+            on_progress(len(lengths))
+        yield flat, lengths
 
 
-def _write_npy(dest: Path, raw: Path, dtype: np.dtype, count: int) -> None:
-    """Wrap a raw little-endian array file into a .npy file (header + copied bytes), atomically."""
-    with atomic_path(dest) as tmp, open(tmp, "wb") as out, open(raw, "rb") as src:
-        header = {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": (count,)}
-        np.lib.format.write_array_header_1_0(out, header)
-        shutil.copyfileobj(src, out, 1 << 20)
-
-
-def binarize(
-    text_path: Path,
-    model_path: Path,
-    out_prefix: Path,
+def encode_split(
+    bin_dir: Path,
+    split: str,
+    sides: Sequence[TextSide],
+    seed: int,
+    shard_pairs: int | None = SHARD_PAIRS,
     workers: int = 1,
-    normalize: Callable[[str], str] | None = None,
     chunk_lines: int = 10_000,
-    on_progress: Callable[[int], None] | None = None,
-) -> dict:
-    """Encode each line of `text_path` with the SentencePiece model at `model_path`.
+    on_progress: Callable[[str, int], None] | None = None,
+) -> dict[str, dict]:
+    """Encode the texts of `sides` (one per language, aligned line by line) into `bin_dir/split`.
 
-    Writes `<out_prefix>.npy` (int32 ids) and `<out_prefix>.offsets.npy` (int64, N+1).
-    `normalize` (picklable) is applied to each line first; `on_progress(n_lines)` after each chunk.
-    Returns {"sentences", "tokens", "unk"}.
+    `shard_pairs` pairs per shard (None: one shard, pairs in corpus order); `seed` spreads pairs
+    over shards; `on_progress(lang, n_lines)` after each chunk. Returns per language
+    {"sentences", "tokens", "unk"}. NmtError when the texts' line counts differ.
     """
-    out_prefix = Path(out_prefix)
-    out_prefix.parent.mkdir(parents=True, exist_ok=True)
-    sentences = tokens = unk = 0
-    with contextlib.ExitStack() as stack:  # raw arrays first; .npy headers need the final counts
-        raw_ids, raw_off = (stack.enter_context(_scratch(out_prefix.parent)) for _ in range(2))
-        with open(raw_ids, "wb") as f_ids, open(raw_off, "wb") as f_off:
-            np.zeros(1, dtype="<i8").tofile(f_off)
-            chunks = _map_ordered(_encode_chunk, _chunks(text_path, chunk_lines), workers, (str(model_path), normalize))
-            for flat, lengths, n_unk in chunks:
-                flat.astype("<i4", copy=False).tofile(f_ids)
-                (np.cumsum(lengths) + tokens).astype("<i8", copy=False).tofile(f_off)
-                sentences, tokens, unk = sentences + len(lengths), tokens + len(flat), unk + n_unk
-                if on_progress is not None:
-                    on_progress(len(lengths))
-        _write_npy(Path(f"{out_prefix}.npy"), raw_ids, np.dtype("<i4"), tokens)
-        _write_npy(Path(f"{out_prefix}.offsets.npy"), raw_off, np.dtype("<i8"), sentences + 1)
-    return {"sentences": sentences, "tokens": tokens, "unk": unk}
+    lines = {side.lang: count_lines(side.text) for side in sides}
+    if len(set(lines.values())) > 1:
+        a, b = sides[0], sides[1]
+        raise NmtError(f"{a.text} has {lines[a.lang]} lines but {b.text} has {lines[b.lang]}: they must align")
+    vocab = {s.lang: spm.SentencePieceProcessor(model_file=str(s.model)).get_piece_size() for s in sides}
+
+    def chunks(side: TextSide) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        progress = functools.partial(on_progress, side.lang) if on_progress else None
+        yield from _encoded_chunks(side, workers, chunk_lines, progress)
+
+    shards = shard_count(lines[sides[0].lang], shard_pairs)
+    manifest = write_split(bin_dir, split, {s.lang: chunks(s) for s in sides}, vocab, seed, shards)
+    return {
+        lang: {
+            "sentences": manifest["pairs"],
+            "tokens": sum(s["tokens"][lang] for s in manifest["shards"]),
+            "unk": manifest["unk"][lang],
+        }
+        for lang in manifest["langs"]
+    }
 
 
-def _load(path: Path) -> np.ndarray:
-    if not path.is_file():
-        raise NmtError(f"{path}: not found; run `nmt vocab` first (it encodes the corpus)")
-    try:
-        return np.load(path, mmap_mode="r")
-    except ValueError:  # a zero-length array cannot be memory-mapped
-        return np.load(path)
+# --------------------------------------------------------------------------- reading
 
 
-def _open_side(bin_dir: Path, split: str, lang: str) -> tuple[np.ndarray, np.ndarray]:
-    ids_path, off_path = bin_dir / f"{split}.{lang}.npy", bin_dir / f"{split}.{lang}.offsets.npy"
-    ids, offsets = _load(ids_path), _load(off_path)
-    if offsets.ndim != 1 or len(offsets) == 0 or offsets[0] != 0 or int(offsets[-1]) != len(ids):
-        raise NmtError(f"{off_path}: offsets do not match {ids_path.name} ({len(ids)} ids); rerun `nmt vocab`")
-    return ids, offsets
+@dataclass(frozen=True)
+class _ShardFiles:
+    """Where one shard's two sides live: token files, their dtypes and data offsets, and either the
+    lengths files (format 2) or the offsets arrays (the older layout)."""
+
+    name: str
+    pairs: int
+    tok: tuple[Path, Path]  # (source, target)
+    dtype: tuple[np.dtype, np.dtype]
+    data_offset: tuple[int, int]  # bytes before the first id (a .npy header in the older layout)
+    lengths: tuple[Path, Path] | None = None  # format 2
+    offsets: tuple[np.ndarray, np.ndarray] | None = None  # older layout: (N+1,) int64, memory-mapped
+
+    def read_lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """(source, target) pieces per pair, int32, read into memory (not mapped)."""
+        if self.offsets is not None:
+            return np.diff(self.offsets[0]).astype(np.int32), np.diff(self.offsets[1]).astype(np.int32)
+        assert self.lengths is not None
+        return tuple(np.fromfile(p, dtype=LENGTH_DTYPE).astype(np.int32) for p in self.lengths)  # type: ignore[return-value]
 
 
-@dataclass
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    """(n+1,) start of each pair's ids in its token file: uint32 where the shard's ids fit (half
+    the memory of int64), else int64."""
+    total = int(lengths.sum(dtype=np.int64))
+    dtype = np.uint32 if total < 2**32 else np.int64
+    out = np.zeros(len(lengths) + 1, dtype=dtype)
+    np.cumsum(lengths, dtype=dtype, out=out[1:])
+    return out
+
+
+class _OpenShard:
+    """A shard being read: its offsets in memory, its token files open; tokens read by `os.pread`."""
+
+    def __init__(self, files: _ShardFiles) -> None:
+        self.files = files
+        self.offsets = files.offsets
+        if self.offsets is None:
+            self.offsets = tuple(_offsets(n) for n in files.read_lengths())
+        self.handles: list[IO[bytes]] = [open(p, "rb", buffering=0) for p in files.tok]  # noqa: SIM115
+
+    def side(self, side: int, j: int) -> np.ndarray:
+        start, end = int(self.offsets[side][j]), int(self.offsets[side][j + 1])
+        dtype = self.files.dtype[side]
+        data = os.pread(self.handles[side].fileno(), (end - start) * dtype.itemsize,
+                        self.files.data_offset[side] + start * dtype.itemsize)  # fmt: skip
+        return np.frombuffer(data, dtype=dtype)
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.close()
+
+
 class ParallelSplit:
-    """A memory-mapped, read-only parallel split. Only the (N,) length arrays live in memory."""
+    """An encoded parallel split, opened without reading it: shard metadata in memory, a shard's
+    lengths read when asked for, a pair's tokens read from the files when asked for.
 
-    split: str
-    src_ids: np.ndarray  # (total src pieces,) int32, memory-mapped
-    src_offsets: np.ndarray  # (N+1,) int64, memory-mapped
-    tgt_ids: np.ndarray
-    tgt_offsets: np.ndarray
-    src_lengths: np.ndarray  # (N,) int64, pieces without EOS
-    tgt_lengths: np.ndarray
+    The windows of `nmt.data.batching.WindowSampler` are the shards (`window_bounds`,
+    `window_lengths`). `src_lengths` / `tgt_lengths` (read once, kept) and `src_ids` / `tgt_ids`
+    are the whole split's: for splits held whole (validation) and checks, not for a training corpus.
+    """
+
+    def __init__(self, split: str, where: Path, shards: list[_ShardFiles]) -> None:
+        self.split, self.where, self.shards = split, where, shards
+        self.bounds = np.concatenate(([0], np.cumsum([s.pairs for s in shards], dtype=np.int64)))
+        self._open: collections.OrderedDict[int, _OpenShard] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._lengths: tuple[np.ndarray, np.ndarray] | None = None
 
     @classmethod
     def open(cls, run_dir: Path, split: str, config: Config) -> ParallelSplit:
+        """`run_dir`/bin's `split` for config.data's languages; NmtError (one line) naming the file
+        when it is missing, incomplete or inconsistent."""
         bin_dir = Path(run_dir) / "bin"
-        src_ids, src_off = _open_side(bin_dir, split, config.data.src_lang)
-        tgt_ids, tgt_off = _open_side(bin_dir, split, config.data.tgt_lang)
-        if len(src_off) != len(tgt_off):
-            raise NmtError(
-                f"{bin_dir / f'{split}.{config.data.src_lang}.npy'} has {len(src_off) - 1} sentences but "
-                f"{split}.{config.data.tgt_lang}.npy has {len(tgt_off) - 1}; rerun `nmt vocab`"
-            )
-        return cls(split, src_ids, src_off, tgt_ids, tgt_off, np.diff(src_off), np.diff(tgt_off))
+        langs = (config.data.src_lang, config.data.tgt_lang)
+        if (bin_dir / f"{split}.{langs[0]}.npy").is_file():  # written since any encoding (which removes it)
+            return cls(split, bin_dir, [_legacy_shard(bin_dir, split, langs)])
+        if (bin_dir / split / MANIFEST).is_file():
+            return cls(split, bin_dir / split, _manifest_shards(bin_dir / split, langs))
+        raise NmtError(f"{bin_dir / split / MANIFEST}: not found; run `nmt vocab` first (it encodes the corpus)")
 
     def __len__(self) -> int:
-        return len(self.src_lengths)
+        return int(self.bounds[-1])
+
+    def window_bounds(self) -> np.ndarray:
+        """(S+1,) int64: shard k holds pairs bounds[k]:bounds[k+1] of the split."""
+        return self.bounds
+
+    def window_lengths(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source, target) pieces per pair of shard k, int32, without BOS/EOS."""
+        return self.shards[k].read_lengths()
+
+    @property
+    def src_lengths(self) -> np.ndarray:
+        """(N,) int32 source pieces of the whole split (read once)."""
+        return self._whole_lengths()[0]
+
+    @property
+    def tgt_lengths(self) -> np.ndarray:
+        return self._whole_lengths()[1]
+
+    @property
+    def src_ids(self) -> np.ndarray:
+        """Every source id of the split, shards in order, read into memory on each call (checks, small splits)."""
+        return self._whole_ids(0)
+
+    @property
+    def tgt_ids(self) -> np.ndarray:
+        return self._whole_ids(1)
+
+    def _whole_ids(self, side: int) -> np.ndarray:
+        parts = [np.fromfile(s.tok[side], dtype=s.dtype[side], offset=s.data_offset[side]) for s in self.shards]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+
+    def _whole_lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._lengths is None:
+            parts = [self.window_lengths(k) for k in range(len(self.shards))]
+            self._lengths = tuple(np.concatenate([p[side] for p in parts]) for side in (0, 1))  # type: ignore[assignment]
+        return self._lengths  # type: ignore[return-value]
 
     def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Raw (src, tgt) ids of sentence i, no BOS/EOS; read-only views of the mapped arrays."""
+        """Raw (src, tgt) ids of pair i (shards in order), no BOS/EOS; read-only arrays."""
         if not -len(self) <= i < len(self):
             raise IndexError(f"sentence {i} out of range for {self.split} ({len(self)} sentences)")
         i %= len(self)
-        s0, s1 = self.src_offsets[i], self.src_offsets[i + 1]
-        t0, t1 = self.tgt_offsets[i], self.tgt_offsets[i + 1]
-        return self.src_ids[s0:s1], self.tgt_ids[t0:t1]
+        k = int(np.searchsorted(self.bounds, i, side="right")) - 1
+        with self._lock:
+            shard = self._shard(k)
+            j = i - int(self.bounds[k])
+            return shard.side(0, j), shard.side(1, j)
+
+    def _shard(self, k: int) -> _OpenShard:
+        """Shard k opened (kept among the last `_OPEN_WINDOWS` used; older ones closed)."""
+        if k in self._open:
+            self._open.move_to_end(k)
+            return self._open[k]
+        self._open[k] = _OpenShard(self.shards[k])
+        while len(self._open) > _OPEN_WINDOWS:
+            self._open.popitem(last=False)[1].close()
+        return self._open[k]
+
+    def close(self) -> None:
+        with self._lock:
+            while self._open:
+                self._open.popitem()[1].close()
+
+
+def _read_manifest(folder: Path) -> dict:
+    path = folder / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise NmtError(f"{path}: unreadable ({e}); rerun `nmt vocab`") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise NmtError(f"{path}: not an encoded split of format {FORMAT}; rerun `nmt vocab`")
+    return manifest
+
+
+def _manifest_shards(folder: Path, langs: tuple[str, str]) -> list[_ShardFiles]:
+    """The shards a manifest lists, each file checked present with its recorded size."""
+    manifest = _read_manifest(folder)
+    missing = [lang for lang in langs if lang not in manifest.get("langs", [])]
+    if missing:
+        has = manifest.get("langs")
+        raise NmtError(f"{folder / MANIFEST}: has no {missing[0]} side (it has {has}); rerun `nmt vocab`")
+    dtypes = tuple(np.dtype(manifest["token_dtype"][lang]) for lang in langs)
+    shards = []
+    for s in manifest["shards"]:
+        for name, meta in s["files"].items():
+            size = (folder / name).stat().st_size if (folder / name).is_file() else None
+            if size != meta["bytes"]:
+                got = "missing" if size is None else f"{size} bytes, the manifest says {meta['bytes']}"
+                raise NmtError(f"{folder / name}: {got}; rerun `nmt vocab`")
+        tok = tuple(folder / f"{s['name']}.{lang}.tok" for lang in langs)
+        lengths = tuple(folder / f"{s['name']}.{lang}.len" for lang in langs)
+        shards.append(_ShardFiles(s["name"], int(s["pairs"]), tok, dtypes, (0, 0), lengths))  # type: ignore[arg-type]
+    return shards
+
+
+def _legacy_shard(bin_dir: Path, split: str, langs: tuple[str, str]) -> _ShardFiles:
+    """The older layout (int32 ids + int64 offsets per language) as one shard."""
+    sides = [_legacy_side(bin_dir, split, lang) for lang in langs]
+    (src_path, src_dtype, src_start, src_off), (tgt_path, tgt_dtype, tgt_start, tgt_off) = sides
+    if len(src_off) != len(tgt_off):
+        raise NmtError(
+            f"{src_path} has {len(src_off) - 1} sentences but {tgt_path.name} has {len(tgt_off) - 1}; rerun `nmt vocab`"
+        )
+    return _ShardFiles(
+        split, len(src_off) - 1, (src_path, tgt_path), (src_dtype, tgt_dtype), (src_start, tgt_start),
+        offsets=(src_off, tgt_off),
+    )  # fmt: skip
+
+
+def _legacy_side(bin_dir: Path, split: str, lang: str) -> tuple[Path, np.dtype, int, np.ndarray]:
+    """(ids file, dtype, byte offset of the first id, offsets) of one language, checked consistent."""
+    ids_path, off_path = bin_dir / f"{split}.{lang}.npy", bin_dir / f"{split}.{lang}.offsets.npy"
+    for p in (ids_path, off_path):
+        if not p.is_file():
+            raise NmtError(f"{p}: not found; run `nmt vocab` first (it encodes the corpus)")
+    with open(ids_path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(f)
+        start = f.tell()
+    try:
+        offsets = np.load(off_path, mmap_mode="r")
+    except ValueError:  # a zero-length array cannot be memory-mapped
+        offsets = np.load(off_path)
+    count = int(np.prod(shape))
+    if offsets.ndim != 1 or len(offsets) == 0 or offsets[0] != 0 or int(offsets[-1]) != count:
+        raise NmtError(f"{off_path}: offsets do not match {ids_path.name} ({count} ids); rerun `nmt vocab`")
+    return ids_path, np.dtype(dtype), start, offsets
+
+
+def encoded_files(run_dir: Path, split: str) -> list[Path]:
+    """The files whose bytes define an encoded split: its manifest (which holds every shard's sha256),
+    or the older layout's arrays. For stage stamps."""
+    bin_dir = Path(run_dir) / "bin"
+    legacy = sorted(bin_dir.glob(f"{split}.*.npy"))
+    return legacy or [p for p in [bin_dir / split / MANIFEST] if p.is_file()]
+
+
+def manifest_path(run_dir: Path, split: str) -> Path:
+    return Path(run_dir) / "bin" / split / MANIFEST

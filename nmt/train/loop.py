@@ -1,14 +1,16 @@
 """Training: data stream, model, DDP, validation, checkpoints, stopping, resume.
 
-``train(config, run_dir)`` reads ``<run>/bin`` through memory-mapped ``ParallelSplit``s (memory
-does not grow with the corpus), builds the model, and loops over optimizer updates (see
+``train(config, run_dir)`` opens ``<run>/bin``'s splits without loading them (``ParallelSplit``:
+shards, a shard's lengths when batched, a batch's tokens read from the files), so the trainer's
+memory does not grow with the corpus, builds the model, and loops over optimizer updates (see
 ``nmt.train.update``) until the first of ``max_steps`` / ``max_epochs`` / ``max_time`` /
 early stopping (``patience`` evaluations without a validation BLEU gain; ``nmt.train.stopping``).
 Every ``eval_every`` updates — and once at the end — it validates and checkpoints
 (``nmt.train.validation.EvalHook``).
 
 Re-running on a run directory with checkpoints resumes from the newest complete one
-(``nmt.train.resume``) and continues exactly as if it had never stopped: same data position, RNG
+(``nmt.train.resume``) and continues exactly as if it had never stopped: same data position (the
+epoch and its global batch index, the same on every rank and at any rank count), RNG
 states, optimizer and schedule (bit-identical on one process; with several ranks only rank
 0's RNG is saved, the other ranks are reseeded from (seed, rank, step)). ``max_time`` is a
 budget of training-loop wall time — updates, validation and checkpoint writes — summed over
@@ -23,8 +25,9 @@ built when used. Either way the same batches, and the same data position in each
 The pieces, one seam each: `TrainData` (this rank's batches, tokenizers, validator), `_Feed` (the
 batches of each update), `build_seeded` / `wrap` (the model), `resume_checkpoint` (resume),
 `StoppingRules` (when to stop), `EvalHook` (validation and checkpoints), `TrainLog` +
-`TrainProgress` (logging, MFU against the measured matmul peak); `_Run` only wires them together
-and runs the loop.
+`TrainProgress` (logging, MFU against the measured matmul peak), `ResidentMemory` (the peaks of
+anonymous and file-backed memory, logged at the end); `_Run` only wires them together and runs
+the loop.
 """
 
 from __future__ import annotations
@@ -43,12 +46,13 @@ from torch import nn
 
 from nmt import checkpoint as ckpt
 from nmt.config import Config
-from nmt.data.batching import Batch, PairDataset, Prefetcher, TokenBatchSampler, load_batch
+from nmt.data.batching import Batch, PairDataset, Prefetcher, WindowSampler, load_batch
 from nmt.data.vocab import check_vocab_copied
 from nmt.device import check_precision, describe, resolve_device, resolve_precision, set_threads
 from nmt.model.flops import train_flops, training_peak_flops
 from nmt.runlog import TB_DIR
 from nmt.train.distributed import DistInfo, barrier, init_distributed, teardown
+from nmt.train.memory import ResidentMemory
 from nmt.train.progress import TrainLog, TrainProgress
 from nmt.train.resume import init_weights, reshard, resume_checkpoint
 from nmt.train.stopping import StoppingRules
@@ -92,19 +96,19 @@ def fit(
 
 
 class _Stream:
-    """This rank's micro-batches in order, across epochs, from the position in TrainState."""
+    """This rank's micro-batches in order, across epochs, from the data position in TrainState:
+    (epoch, batch_in_epoch = g, the epoch's global batch index, the same on every rank;
+    `nmt.data.batching.WindowSampler.take`)."""
 
-    def __init__(self, sampler: TokenBatchSampler) -> None:
+    def __init__(self, sampler: WindowSampler) -> None:
         self.sampler = sampler
-        self._epoch, self._order = -1, []
 
     def take(self, state: TrainState, k: int) -> list[np.ndarray]:
         """Up to k batches from the current epoch (a group never spans two epochs)."""
-        if self._epoch != state.epoch:
-            self._epoch, self._order = state.epoch, self.sampler.epoch_batches(state.epoch)
-        group = self._order[state.batch_in_epoch : state.batch_in_epoch + k]
-        state.batch_in_epoch += len(group)
-        if state.batch_in_epoch >= len(self._order):
+        if not self.sampler.rank_count(state.batch_in_epoch):  # nothing left for the ranks (a resume)
+            state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+        group, state.batch_in_epoch = self.sampler.take(state.epoch, state.batch_in_epoch, k)
+        if not self.sampler.rank_count(state.batch_in_epoch):
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
         return group
 
@@ -160,7 +164,7 @@ class TrainData:
     """This rank's training batches, the run's tokenizers (None without a vocab) and, on rank 0, the validator."""
 
     dataset: Any  # ParallelSplit of "train"
-    sampler: TokenBatchSampler
+    sampler: WindowSampler
     src_tok: Any
     tgt_tok: Any
     validator: Validator | None
@@ -171,10 +175,9 @@ class TrainData:
 
         t = config.train
         dataset = ParallelSplit.open(run_dir, "train", config)
-        sampler = TokenBatchSampler(
-            dataset.src_lengths, dataset.tgt_lengths, t.max_tokens, t.max_len,
-            seed=t.seed, rank=info.rank, world_size=info.world_size,
-        )  # fmt: skip
+        sampler = WindowSampler(
+            dataset, t.max_tokens, t.max_len, seed=t.seed, rank=info.rank, world_size=info.world_size
+        )
         src_tok = tgt_tok = validator = None
         if (run_dir / "vocab").is_dir():
             from nmt.data.tokenizer import load_tokenizers
@@ -193,7 +196,8 @@ class TrainData:
     def describe(self) -> str:
         s = self.sampler
         return (
-            f"data: {s.kept} pairs in {len(s.batches)} batches ({len(s)} per rank per epoch), "
+            f"data: {s.kept} pairs in {s.total} batches ({len(s)} per rank per epoch, "
+            f"{len(s.counts)} window(s)), "
             f"{s.skipped} skipped (> train.max_len), padding waste {s.padding_waste:.1%}"
         )
 
@@ -281,10 +285,12 @@ class _Run:
     def loop(self, on_step: Callable[[StepResult], None] | None = None) -> dict:
         """Update until a stopping rule fires, validate/checkpoint once more; the summary (rank 0)."""
         self.on_step, self.issued = on_step, []
+        self.memory = ResidentMemory()
         t = self.config.train
         with self.log:
             self._describe()
-            self.progress = TrainProgress(self.log, t.log_every, len(self.data.sampler), self.peak)
+            per_epoch = self.data.sampler.total  # the data position counts every rank's batches
+            self.progress = TrainProgress(self.log, t.log_every, per_epoch, self.peak)
             self.feed = _Feed(self.data, t.update_freq, self.state, self.device)
             try:
                 stop = self._updates()
@@ -295,6 +301,8 @@ class _Run:
                 self._evaluate()
             barrier()
             self.log.line(self.rules.describe(stop, self.state))
+            if line := self.memory.describe():
+                self.log.line(line)
         return self._summary(stop) if self.info.is_main else {}
 
     def _updates(self) -> str | None:
@@ -343,6 +351,7 @@ class _Run:
         start = time.monotonic()
         self.trainer.flush()
         self.progress.add_time(time.monotonic() - start)
+        self.memory.sample()
         issued, self.issued = self.issued, []
         for result in issued:
             if self.on_step is not None:

@@ -1,6 +1,8 @@
 """Where training starts: the newest readable checkpoint of the run (resume), or, for a new run,
 another run's trained model (`train.init_from`, fine-tuning), and what changed since.
 
+`reshard` says what a new rank count changes (the data position stays).
+
 `resume_checkpoint` walks the complete step checkpoints newest first and loads the first
 whose weights and trainer state both read back (a half-written newest one is skipped with a
 note); a checkpoint of a different architecture is a one-line `NmtError`.
@@ -47,14 +49,18 @@ def resume_checkpoint(model: nn.Module, ckpt_dir: Path) -> Resumed:
 
 
 def reshard(state: TrainState, saved_world_size: int, world_size: int) -> str | None:
-    """A different rank count reshards the data: continue from the start of the next epoch.
+    """A different rank count shares the rest of the epoch out anew; the data position is kept.
 
-    Returns the train.log note, or None when nothing changed."""
-    if saved_world_size == world_size or not state.batch_in_epoch:
+    The position (epoch, batch_in_epoch = g, the epoch's global batch index) means the same at any
+    rank count (`nmt.data.batching.WindowSampler.take`): the resumed ranks take batches g, g + 1, ...
+    between them, exactly those the saved ranks had not. Returns the train.log note, or None when
+    the rank count is unchanged."""
+    if saved_world_size == world_size:
         return None
-    state.epoch += 1
-    state.batch_in_epoch = 0
-    return f"resuming on {world_size} ranks (saved with {saved_world_size}): data restarts at the next epoch"
+    return (
+        f"resuming on {world_size} ranks (saved with {saved_world_size}): "
+        f"the data continues at batch {state.batch_in_epoch} of epoch {state.epoch}"
+    )
 
 
 # --------------------------------------------------------------------------- fine-tuning

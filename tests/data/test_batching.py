@@ -6,7 +6,16 @@ import torch
 from synthetic import ListDataset
 
 from nmt import BOS_ID, EOS_ID, PAD_ID
-from nmt.data.batching import Batch, TokenBatchSampler, collate, length_groups, load_batch, pad_sources
+from nmt.data.batching import (
+    Batch,
+    InMemory,
+    TokenBatchSampler,
+    WindowSampler,
+    collate,
+    length_groups,
+    load_batch,
+    pad_sources,
+)
 from nmt.errors import NmtError
 from nmt.model.masks import Packing
 
@@ -66,7 +75,7 @@ def test_shards_have_equal_counts_and_are_disjoint():
         dropped = total - world * len(per_rank[0])
         assert dropped == total % world
         # interleaved: rank r takes batches r, r+W, ... of the epoch order
-        order = shards[0].epoch_order(epoch)
+        order = list(shards[0].epoch_order(epoch))
         assert all(np.array_equal(a, b) for a, b in zip(per_rank[1], order[1::world], strict=False))
 
 
@@ -89,6 +98,90 @@ def test_no_shuffle_keeps_length_order():
     sampler = TokenBatchSampler(src, tgt, 300, 64, seed=9, shuffle=False)
     firsts = [int(src[b[0]]) for b in sampler.epoch_batches(0)]
     assert firsts == sorted(firsts)
+
+
+class Windows:
+    """Lengths in windows (as an encoded split's shards), counting each window's reads."""
+
+    def __init__(self, sizes: list[int], seed: int = 0) -> None:
+        self.src, self.tgt = random_lengths(sum(sizes), seed)
+        self.bounds = np.concatenate(([0], np.cumsum(sizes)))
+        self.reads: list[int] = []
+
+    def window_bounds(self) -> np.ndarray:
+        return self.bounds
+
+    def window_lengths(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        self.reads.append(k)
+        a, b = self.bounds[k], self.bounds[k + 1]
+        return self.src[a:b], self.tgt[a:b]
+
+
+def rank_share(sampler: WindowSampler, epoch: int, g: int, updates: int) -> tuple[list[np.ndarray], int]:
+    """`updates` single batches from position g (or fewer, to the end of the epoch), and the position after."""
+    out = []
+    for _ in range(updates):
+        if not sampler.rank_count(g):
+            break
+        batches, g = sampler.take(epoch, g, 1)
+        out += batches
+    return out, g
+
+
+def test_windows_batch_alone_and_every_kept_pair_is_in_one_batch_per_epoch():
+    w = Windows([300, 5, 250, 420])
+    sampler = WindowSampler(w, max_tokens=200, max_len=50, seed=4)
+    kept = np.flatnonzero((w.src <= 50) & (w.tgt <= 50))
+    assert sampler.kept == len(kept) and sampler.skipped == 975 - len(kept) > 0
+    orders = []
+    for epoch in range(3):
+        batches = list(sampler.epoch_order(epoch))
+        assert len(batches) == sampler.total == sum(sampler.counts)
+        assert sorted(np.concatenate(batches).tolist()) == kept.tolist()  # every kept pair exactly once
+        for b in batches:
+            window = np.searchsorted(w.bounds, b, side="right") - 1
+            assert len(set(window.tolist())) == 1  # a batch never mixes windows
+            assert len(b) * (max(w.src[b].max(), w.tgt[b].max()) + 1) <= 200
+        orders.append(sampler.window_order(epoch).tolist())
+        assert sorted(orders[-1]) == [0, 1, 2, 3]
+    assert len({tuple(o) for o in orders}) > 1  # the window order changes with the epoch
+
+
+def test_an_epoch_reads_each_window_once_and_keeps_at_most_two():
+    w = Windows([200, 200, 200, 200, 200])
+    sampler = WindowSampler(w, max_tokens=300, max_len=64, seed=2)
+    assert sorted(w.reads) == [0, 1, 2, 3, 4]  # opening counts every window's batches once
+    w.reads.clear()
+    rank_share(sampler, epoch=1, g=0, updates=sampler.total)
+    assert w.reads == sampler.window_order(1).tolist()  # then one window after the other, each once
+    assert len(sampler._cache) <= 2
+
+
+def test_one_window_in_memory_is_the_token_batch_sampler():
+    src, tgt = random_lengths(400)
+    a = TokenBatchSampler(src, tgt, 300, 64, seed=3)
+    b = WindowSampler(InMemory(src, tgt), 300, 64, seed=3)
+    for epoch in range(2):
+        assert all(np.array_equal(x, y) for x, y in zip(a.epoch_batches(epoch), b.epoch_batches(epoch), strict=True))
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 3), (3, 2)])
+def test_the_data_position_resumes_exactly_at_another_rank_count(before, after):
+    """Ranks on `before` processes up to a checkpoint, then on `after`: every batch of the epoch from
+    the start, once, in the epoch's order (less the last, fewer than `after`, batches)."""
+    w = Windows([300, 260, 310])
+    epoch, updates = 2, 7
+    order = list(WindowSampler(w, 250, 64, seed=6).epoch_order(epoch))
+    old = [WindowSampler(w, 250, 64, seed=6, rank=r, world_size=before) for r in range(before)]
+    shares = [rank_share(s, epoch, 0, updates) for s in old]
+    g = shares[0][1]
+    assert {pos for _, pos in shares} == {g} == {updates * before}  # the same position on every rank
+    new = [WindowSampler(w, 250, 64, seed=6, rank=r, world_size=after) for r in range(after)]
+    rest = [rank_share(s, epoch, g, len(order)) for s in new]
+    seen = [b for step in zip(*(s for s, _ in shares), strict=True) for b in step]
+    seen += [b for step in zip(*(s for s, _ in rest), strict=True) for b in step]
+    assert len(seen) == len(order) - (len(order) - g) % after
+    assert all(np.array_equal(a, b) for a, b in zip(seen, order, strict=False))
 
 
 def test_collate_adds_bos_eos_and_right_pads():

@@ -144,13 +144,13 @@ def test_second_build_is_skipped(real_run):
     before = (
         stamp.stat().st_mtime_ns,
         (run / "vocab/zh.model").stat().st_mtime_ns,
-        (run / "bin/train.zh.npy").stat().st_mtime_ns,
+        (run / "bin/train/manifest.json").stat().st_mtime_ns,
     )
     assert build_vocab(cfg, run) == json.loads(json.dumps(report))
     after = (
         stamp.stat().st_mtime_ns,
         (run / "vocab/zh.model").stat().st_mtime_ns,
-        (run / "bin/train.zh.npy").stat().st_mtime_ns,
+        (run / "bin/train/manifest.json").stat().st_mtime_ns,
     )
     assert after == before
 
@@ -158,7 +158,7 @@ def test_second_build_is_skipped(real_run):
 def test_changed_vocab_config_redoes_models_and_encoding(real_run, tmp_path):
     cfg, _, _ = real_run
     run = copy_run(tmp_path, real_run, with_vocab=True)
-    old = np.load(run / "bin/train.en.npy")
+    old = ParallelSplit.open(run, "train", cfg).tgt_ids
     bigger = config({"tgt_size": 800})
     assert build_vocab(bigger, run)["en"]["vocab_size"] == 800
     assert load_tokenizers(run, bigger)[1].vocab_size == 800

@@ -114,6 +114,42 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_pat
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
+def run_ddp(tmp_path: Path, run: Path, overrides: list[str]) -> dict:
+    """`fit` on two gloo processes (torchrun) on `run`; rank 0's losses and summary."""
+    out, script = tmp_path / f"{run.name}.json", tmp_path / f"{run.name}_train.py"
+    tests = str(Path(__file__).parent)
+    script.write_text(SCRIPT.format(tests=tests, overrides=overrides, run=str(run), out=str(out)))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(script)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to python")
+def test_a_run_saved_on_two_ranks_resumes_exactly_on_one(tmp_path):
+    """Two ranks train 4 updates (a checkpoint mid-epoch), one process (the same global batch:
+    update_freq 2) trains on from it: the updates after the checkpoint are those of an uninterrupted
+    single-process run, because the rest of the epoch is shared out anew, not dropped."""
+    from test_train import Collect, synth_config, synthetic_run
+
+    from nmt.train.loop import fit
+
+    for name in ("ddp", "single"):
+        synthetic_run(tmp_path / name, "reverse", n_train=1000, n_valid=8)  # > 16 batches: 8 steps in epoch 0
+    first = run_ddp(tmp_path, tmp_path / "ddp", [*OVERRIDES, "train.update_freq=1", "train.max_steps=4",
+                                                 "train.eval_every=4"])  # fmt: skip
+    assert first["summary"]["steps"] == 4
+    resumed, single = Collect(), Collect()
+    fit(synth_config(*OVERRIDES, "train.update_freq=2"), tmp_path / "ddp", on_step=resumed)
+    fit(synth_config(*OVERRIDES, "train.update_freq=2"), tmp_path / "single", on_step=single)
+    assert len(resumed.losses) == 4 and len(single.losses) == 8
+    for a, b in zip(first["losses"] + resumed.losses, single.losses, strict=True):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
+    log = (tmp_path / "ddp" / "train.log").read_text()
+    assert "resuming on 1 ranks (saved with 2): the data continues at batch 8 of epoch 0" in log
+
+
 def test_torchrun_command_passes_nmt_options_through():
     from nmt.train.distributed import torchrun_command
 

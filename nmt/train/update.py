@@ -61,7 +61,7 @@ class TrainState:
 
     step: int = 0  # optimizer updates done (an issued one counts until `Trainer.flush` finds it skipped)
     epoch: int = 0  # current epoch (0-based)
-    batch_in_epoch: int = 0  # this rank's micro-batches already consumed in `epoch`
+    batch_in_epoch: int = 0  # global micro-batches (all ranks) consumed in `epoch`: the same on every rank
     best_bleu: float = -1.0
     best_step: int = 0
     bad_evals: int = 0  # evaluations since the last BLEU gain (early stopping)

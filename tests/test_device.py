@@ -9,6 +9,8 @@ import torch
 from nmt.device import autocast, grad_scaler, resolve_device, set_threads
 from nmt.errors import NmtError
 
+pytestmark = pytest.mark.precision
+
 
 def test_resolve_auto_and_explicit():
     expected = "cuda" if torch.cuda.is_available() else "cpu"
@@ -176,6 +178,7 @@ def test_an_explicit_precision_far_slower_than_fp32_says_so_once(probe_dir, monk
 INT8_LAYER_KERNELS = ["int8-fbgemm", "int8-qnnpack", "int8-onednn", "int8-weight"]
 
 
+@pytest.mark.int8
 @pytest.mark.parametrize("kernel", INT8_LAYER_KERNELS)
 def test_int8_linear_rows_do_not_depend_on_the_batch_and_stay_close_to_fp32(kernel):
     from nmt import host
@@ -198,6 +201,7 @@ def test_int8_linear_rows_do_not_depend_on_the_batch_and_stay_close_to_fp32(kern
         assert torch.equal(layer(torch.zeros(2, 48)), linear.bias.expand(2, 20))  # an all-zero row: the bias
 
 
+@pytest.mark.int8
 def test_weight_only_int8_quantises_with_the_scales_the_kernel_sees():
     """int8-weight hands the kernel bf16 scales; the weights are quantised with exactly those,
     so the kernel's product is the int8 weights times the scales it reads (no second rounding)."""
@@ -264,6 +268,7 @@ def test_probes_are_measured_per_workload_and_nested_probes_are_kept(probe_dir, 
     assert "outer |" in stored
 
 
+@pytest.mark.int8
 def test_int8_quantises_every_linear_layer_and_packing_keeps_outputs():
     from nmt.config import ModelConfig
     from nmt.model.convert import Int8Linear, PackedLinear, can_pack, inference_model

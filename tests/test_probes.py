@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 import nmt.device as device
 from nmt import host
 
+pytestmark = pytest.mark.precision
+
 PLAUSIBLE = {"times": {"fp32": 2.0, "bf16": 1.5, "int8": 1.0}, "spread": 1.1}
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from learning import assert_learned
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
@@ -52,6 +53,7 @@ def _agreement(a: list[str], b: list[str]) -> float:
 # --------------------------------------------------------------------------- parity
 
 
+@pytest.mark.invariance
 def test_engines_agree_on_a_trained_model(trained_run):
     from nmt.decode.evaluate import score
 
@@ -65,7 +67,7 @@ def test_engines_agree_on_a_trained_model(trained_run):
         assert _agreement(a, b) >= 0.98, f"beam {beam}"
         a, b = a[: len(src)], b[: len(src)]
         bleu_a, bleu_b = score(a, ref)["bleu"], score(b, ref)["bleu"]
-        assert bleu_a > 20, "the model should have learned something"
+        assert_learned("tiny-pipeline/ct2_valid_bleu", bleu_a, 20)  # the model learned something
         assert abs(bleu_a - bleu_b) <= 0.2, f"beam {beam}: BLEU {bleu_a:.2f} vs {bleu_b:.2f}"
 
 

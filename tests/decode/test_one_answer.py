@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from nmt.cli import app
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.invariance, pytest.mark.usefixtures("one_thread")]
 
 HAS_CT2 = importlib.util.find_spec("ctranslate2") is not None
 AUTO_ENGINE = "ctranslate2" if HAS_CT2 else "native"  # the tiny run's pipeline exported it where it could

@@ -271,6 +271,8 @@ def test_from_run_loads_the_checkpoint(tiny_run_dir):
     assert t.translate(LINES[:3], beam=1) == [t.translate([line], beam=1)[0] for line in LINES[:3]]
 
 
+@pytest.mark.precision
+@pytest.mark.int8
 @pytest.mark.parametrize("precision", ["auto", "fp32", "bf16", "int8"])
 def test_from_run_in_every_precision(tiny_run_dir, precision):
     from nmt.decode.translator import Translator

@@ -40,16 +40,22 @@ def run_pipeline(config: Config, run_dir: Path, mirror: str | None = None) -> di
     return {"stages": stages, "eval": report}
 
 
-def prepare_data(config: Config, run_dir: Path, mirror: str | None = None) -> dict[str, str]:
+def prepare_data(
+    config: Config, run_dir: Path, mirror: str | None = None, *, keep_corpus: bool = False
+) -> dict[str, str]:
     """The stages before training, each skipped when its stamp is fresh: download (the cleaned
     corpus) and vocab (the vocabularies, or train.init_from's copied, and the encoded corpus);
-    returns {stage: "ran"|"skipped"}."""
+    returns {stage: "ran"|"skipped"}. `keep_corpus`: a corpus the run already has is used as it
+    is (`nmt train` on a run prepared from a mirror it is not told about again)."""
     from nmt.data.corpus import prepare_corpus
     from nmt.data.vocab import build_vocab
 
     stages: dict[str, str] = {}
     _log_stage("download")
-    stages["download"] = _ran(run_dir, "download", lambda: prepare_corpus(config, run_dir, mirror=mirror))
+    if keep_corpus and stamp_path(run_dir, "download").is_file():
+        stages["download"] = "skipped"
+    else:
+        stages["download"] = _ran(run_dir, "download", lambda: prepare_corpus(config, run_dir, mirror=mirror))
     _log_stage("vocab")
     stages["vocab"] = _ran(run_dir, "vocab", lambda: build_vocab(config, run_dir))
     return stages
@@ -57,6 +63,8 @@ def prepare_data(config: Config, run_dir: Path, mirror: str | None = None) -> di
 
 def prepare_and_train(config: Config, run_dir: Path, *, restart: bool = False, mirror: str | None = None) -> dict:
     """`nmt train`: check what the host must run, prepare what is missing, then train (or resume).
+    Without `mirror`, a corpus the run already has is kept (the pipeline that made it may have read a
+    mirror); the vocabularies and encoding are brought up to date with the config.
     Under torchrun only rank 0 prepares (the run directory must be on storage every rank sees);
     the other ranks wait for it (`_wait_for_rank_0`). Returns the training summary (empty on
     ranks other than 0)."""
@@ -70,7 +78,7 @@ def prepare_and_train(config: Config, run_dir: Path, *, restart: bool = False, m
         check_init(config)  # direction and shape, before copying vocabularies and encoding
     marker = run_dir / f".prepared-{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}"
     if env_info().is_main:
-        prepare_data(config, run_dir, mirror)
+        prepare_data(config, run_dir, mirror, keep_corpus=mirror is None)
         if env_info().world_size > 1:
             marker.touch()
     else:

@@ -24,14 +24,11 @@ a unit with a `.json` is done, so a run killed midway continues at the first uni
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import json
-import multiprocessing
 import os
 import shutil
-import signal
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +38,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from nmt.config import DataConfig
 from nmt.data.normalize import normalize_text
+from nmt.data.pool import map_ordered
 from nmt.data.readers import Source
 from nmt.data.recipes import BadLines, Recipe
 from nmt.data.units import Unit, plan_units, unit_records
@@ -153,34 +151,6 @@ def workers_for(data: DataConfig) -> int:
     if data.workers > 0:
         return data.workers
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def map_ordered(
-    fn: Callable, items: Iterable, workers: int, initializer: Callable, initargs: tuple
-) -> Iterator[tuple[object, object]]:
-    """(item, fn(item)) in the order of `items`: in this process for one worker, else in a pool
-    (the platform's default start method) holding at most 2 × workers items."""
-    if workers <= 1:
-        initializer(*initargs)
-        yield from ((item, fn(item)) for item in items)
-        return
-    with multiprocessing.get_context().Pool(workers, _pool_worker, (initializer, *initargs)) as pool:
-        pending: collections.deque = collections.deque()
-        for item in items:
-            pending.append((item, pool.apply_async(fn, (item,))))
-            if len(pending) >= 2 * workers:
-                item, result = pending.popleft()
-                yield item, result.get()
-        while pending:
-            item, result = pending.popleft()
-            yield item, result.get()
-
-
-def _pool_worker(initializer: Callable, *initargs: object) -> None:
-    """A pool worker's start: Ctrl-C is the parent's to handle (it stops the pool), not a
-    traceback from every worker."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    initializer(*initargs)
 
 
 @dataclass

@@ -29,7 +29,6 @@ import functools
 import hashlib
 import itertools
 import json
-import multiprocessing
 import os
 import shutil
 import tempfile
@@ -44,6 +43,7 @@ import sentencepiece as spm
 
 from nmt import UNK_ID
 from nmt.config import Config
+from nmt.data.pool import map_ordered
 from nmt.data.readers import count_lines
 from nmt.errors import NmtError
 from nmt.files import atomic_write_json
@@ -263,27 +263,12 @@ def _chunks(path: Path, size: int) -> Iterator[list[str]]:
             yield chunk
 
 
-def _map_ordered(fn: Callable, items: Iterable, workers: int, initargs: tuple) -> Iterator:
-    """fn over items in order; with workers > 1 in a process pool holding at most 2*workers chunks."""
-    if workers <= 1:
-        _init_worker(*initargs)
-        yield from map(fn, items)
-        return
-    with multiprocessing.get_context().Pool(workers, initializer=_init_worker, initargs=initargs) as pool:
-        pending: collections.deque = collections.deque()
-        for item in items:
-            pending.append(pool.apply_async(fn, (item,)))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
-
-
 def _encoded_chunks(
     side: TextSide, workers: int, chunk_lines: int, on_progress: Callable[[int], None] | None
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    for flat, lengths in _map_ordered(
-        _encode_chunk, _chunks(side.text, chunk_lines), workers, (str(side.model), side.normalize)
+    chunks = _chunks(side.text, chunk_lines)
+    for _, (flat, lengths) in map_ordered(
+        _encode_chunk, chunks, workers, _init_worker, (str(side.model), side.normalize)
     ):
         if on_progress is not None:
             on_progress(len(lengths))

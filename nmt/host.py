@@ -181,7 +181,16 @@ def _quantized_engine(engine: str) -> Callable[[], None]:
 
 
 def _int_mm() -> None:
-    torch._int_mm(torch.ones(16, 32, dtype=torch.int8), torch.ones(32, 16, dtype=torch.int8))
+    """`torch._int_mm` must run *and* be exact: under a oneDNN without VNNI (AVX2, or AVX-512
+    capped below VNNI by ONEDNN_MAX_CPU_ISA) it multiplies through int16 pairs that saturate, and
+    full-range int8 products come out wrong by thousands."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randint(-127, 128, (16, 64), dtype=torch.int8, generator=gen)
+    b = torch.randint(-127, 128, (64, 16), dtype=torch.int8, generator=gen)
+    got, exact = torch._int_mm(a, b), a.int() @ b.int()
+    if not torch.equal(got, exact):
+        off = int((got - exact).abs().max())
+        raise RuntimeError(f"torch._int_mm gives wrong int32 products here (off by up to {off}: no VNNI in oneDNN)")
 
 
 def _weight_int8() -> None:

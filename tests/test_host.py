@@ -49,6 +49,24 @@ def failing_bf16_packing(monkeypatch):
     host.forget()
 
 
+@pytest.mark.int8
+def test_an_int8_matmul_that_runs_but_saturates_is_missing_with_the_reason(monkeypatch):
+    """oneDNN without VNNI (ONEDNN_MAX_CPU_ISA=AVX2 on this CPU kind) runs torch._int_mm through
+    int16 pairs that saturate: it must count as missing, not as a fast int8 kernel."""
+    real = torch._int_mm
+
+    def saturating(a, b):
+        return real(a, b).clamp(-(2**15), 2**15 - 1)
+
+    monkeypatch.setattr(torch, "_int_mm", saturating)
+    host.forget()
+    assert not host.current().has("int8-onednn")
+    assert "wrong int32 products" in host.current().why_not("int8-onednn")
+    monkeypatch.setattr(torch, "_int_mm", real)
+    host.forget()
+    assert host.current().has("int8-onednn") == (host._try(host._int_mm) == "")
+
+
 def simulate(monkeypatch, preset: str) -> host.Host:
     monkeypatch.setenv(host.ENV, preset)
     host.forget()

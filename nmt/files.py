@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,3 +47,13 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def replace_dir(new: Path, dest: Path) -> None:
+    """Put the finished directory `new` at `dest` (same filesystem): the old `dest`, if any, is
+    renamed aside first and removed after, so `dest` is always either the old or the new whole."""
+    old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+    if dest.exists():
+        os.replace(dest, old)
+    os.replace(new, dest)
+    shutil.rmtree(old, ignore_errors=True)

@@ -46,7 +46,7 @@ from nmt.config import Config
 from nmt.data.pool import map_ordered
 from nmt.data.readers import count_lines
 from nmt.errors import NmtError
-from nmt.files import atomic_write_json
+from nmt.files import atomic_write_json, replace_dir
 
 FORMAT = 2
 SHARD_PAIRS = 1_000_000  # pairs per training shard: one window of the training sampler
@@ -159,11 +159,7 @@ def _staging(bin_dir: Path, split: str) -> Iterator[Path]:
         yield scratch
         for legacy in bin_dir.glob(f"{split}.*.npy"):  # the older layout, gone first: it would be read first
             legacy.unlink()
-        final, old = bin_dir / split, bin_dir / f".{split}.old-{os.getpid()}"
-        if final.exists():
-            os.replace(final, old)
-        os.replace(scratch, final)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_dir(scratch, bin_dir / split)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -31,6 +31,7 @@ import yaml
 import nmt
 from nmt.config import YAML_LOADER, Config, config_from_dict, config_to_dict, load_config
 from nmt.errors import NmtError
+from nmt.files import replace_dir
 
 try:
     import ctranslate2
@@ -166,11 +167,7 @@ def _write_export(src: ExportSource, out: Path, quantization: str | None, digest
             "config": config_to_dict(src.config),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        old = out.parent / f".{out.name}.{os.getpid()}.old"
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_dir(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

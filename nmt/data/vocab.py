@@ -217,6 +217,12 @@ def _train_side(config: Config, sample: Path, model: Path, side: str, text: Path
     return result, [str(w.message) for w in caught]
 
 
+# Processes start from a forkserver where there is one: a fork of a process that already runs
+# threads (PyTorch's, a server's, a pool's) can leave the child dead on arrival, which a test
+# suite running many such things before `nmt vocab` saw now and then.
+START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else None
+
+
 def _in_processes(fn: Callable, jobs: list[tuple], at_once: int, folder: Path) -> list:
     """`fn(*job)` for each job in processes of their own, `at_once` at a time, fresh ones per batch;
     results in job order. Every job of a batch ends (done or failed) before the batch's first
@@ -228,7 +234,8 @@ def _in_processes(fn: Callable, jobs: list[tuple], at_once: int, folder: Path) -
     results: list = []
     for start in range(0, len(jobs), at_once):
         batch = jobs[start : start + at_once]
-        with concurrent.futures.ProcessPoolExecutor(len(batch), mp_context=multiprocessing.get_context()) as pool:
+        context = multiprocessing.get_context(START_METHOD)
+        with concurrent.futures.ProcessPoolExecutor(len(batch), mp_context=context) as pool:
             futures = [pool.submit(fn, *job) for job in batch]
             concurrent.futures.wait(futures)
         try:

@@ -334,8 +334,9 @@ def dying_side(real_train_model, kill: bool):
 def test_an_interrupted_build_then_a_rerun_ends_with_the_same_bytes(real_run, tmp_path, monkeypatch, workers, kill):
     """The target side dies half-way (its process killed, or an exception); the rerun removes
     what was half-written and ends with the bytes of an uninterrupted build."""
-    if multiprocessing.get_start_method() != "fork":
+    if "fork" not in multiprocessing.get_all_start_methods():
         pytest.skip("the failing side is patched in; only forked workers see the patch")
+    monkeypatch.setattr(vocab_module, "START_METHOD", "fork")
     run = copy_run(tmp_path, real_run)
     cfg = config({"workers": workers})
     monkeypatch.setattr(vocab_module, "train_model", dying_side(vocab_module.train_model, kill))

@@ -11,13 +11,19 @@ attention backend (math, sdpa, flash) it runs.
 Row t of a map is the attention while predicting target piece t (the last row predicts EOS);
 column s is source piece s (the last column is the source EOS). Maps are averaged over the
 heads and then over the layers unless `layer` picks one.
+
+A translator on CTranslate2 holds no PyTorch model; its map is read from the native model of
+the checkpoint it was exported from (loaded once, fp32 on the CPU: a single teacher-forced pass),
+so the heatmap shows the weights that decoded the translation.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import weakref
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -129,13 +135,12 @@ def attention_map(translator: Any, source: str, target: str, layer: int | None =
     """The map between `source` (Chinese text, normalised and tokenised as `Translator` does) and
     `target` (a translation, tokenised with the target model). `layer`: one decoder layer
     (negative counts from the end) instead of the mean over layers."""
-    if translator.model is None:
-        raise NmtError(f"attention maps need the native engine (this model runs on {translator.engine.name})")
+    model = reading_model(translator)
     src_ids = translator.encode_sources([source])[0]
     if not src_ids:
         raise NmtError("attention map: the source sentence is empty")
     tgt_ids = translator.tgt_tok.encode(target)
-    probs = cross_attention(translator.model, [src_ids], [tgt_ids])[:, 0].mean(dim=1)  # (L, T, S)
+    probs = cross_attention(model, [src_ids], [tgt_ids])[:, 0].mean(dim=1)  # (L, T, S)
     grid = probs.mean(dim=0) if layer is None else probs[layer]  # (T, S)
     masked = translator.masks[0] if getattr(translator, "masks", None) else None
     return AttentionMap(
@@ -143,6 +148,29 @@ def attention_map(translator: Any, source: str, target: str, layer: int | None =
         target=[translator.tgt_tok.piece(i) for i in tgt_ids] + ["</s>"],
         weights=[[round(float(v), 5) for v in row] for row in grid.cpu()],
     )
+
+
+_READERS: weakref.WeakKeyDictionary[Any, nn.Module] = weakref.WeakKeyDictionary()
+
+
+def reading_model(translator: Any) -> nn.Module:
+    """The PyTorch model whose attention `translator`'s maps show: its own (native engine), else
+    the native model of its checkpoint file, loaded on first use and kept while the translator
+    lives. NmtError where there is none (a translator built from an export directory alone)."""
+    if translator.model is not None:
+        return translator.model
+    if translator not in _READERS:
+        path = Path(translator.checkpoint) if translator.checkpoint is not None else None
+        if path is None or not path.is_file():
+            raise NmtError(
+                f"attention maps need the model's checkpoint (this model runs on {translator.engine.name} "
+                f"from {path}, which holds no PyTorch weights)"
+            )
+        from nmt.decode.loading import load_model
+
+        sizes = (translator.src_tok.vocab_size, translator.tgt_tok.vocab_size)
+        _READERS[translator] = load_model(translator.config, *sizes, path).eval()
+    return _READERS[translator]
 
 
 _PLACEHOLDER = re.compile(f"{OPEN}(\\d+){CLOSE}")

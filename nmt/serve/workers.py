@@ -37,6 +37,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, Protocol
 
 from nmt.serve.batcher import Decoding, Hypotheses, LineDone
@@ -53,7 +54,7 @@ class ModelFacts:
     device: str
     src_vocab: int
     tgt_vocab: int
-    attention_maps: bool  # the native engine: its attention weights can be read
+    attention_maps: bool  # a PyTorch model (its own or its checkpoint's) whose attention can be read
     threads: int  # PyTorch intra-op threads the host decodes with
 
 
@@ -98,7 +99,7 @@ class ModelHost:
             device=str(t.device),
             src_vocab=t.src_tok.vocab_size,
             tgt_vocab=t.tgt_tok.vocab_size,
-            attention_maps=t.model is not None,
+            attention_maps=t.model is not None or (t.checkpoint is not None and Path(t.checkpoint).is_file()),
             threads=self.threads,
         )
 

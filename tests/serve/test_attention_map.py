@@ -100,6 +100,28 @@ def test_attention_map_of_a_trained_run(tiny_run):
     assert torch.allclose(torch.tensor(half.weights), torch.tensor(amap.weights), atol=0.05)
 
 
+def test_a_ctranslate2_translator_shows_the_map_of_its_checkpoint(tiny_run):
+    """CTranslate2 holds no PyTorch model: the map is read from the checkpoint it decodes, loaded once."""
+    pytest.importorskip("ctranslate2")
+    from nmt.decode.options import InferenceOptions
+    from nmt.decode.translator import Translator
+    from nmt.serve.attention_map import reading_model
+
+    native = Translator.from_options(InferenceOptions(run_dir=tiny_run, engine="native", precision="fp32"))
+    ct2 = Translator.from_options(InferenceOptions(run_dir=tiny_run, engine="ctranslate2", precision="fp32"))
+    assert ct2.model is None and ct2.checkpoint == native.checkpoint
+    source = "他们买了七只红色的猫。"
+    target = ct2.translate([source])[0]
+    theirs, ours = attention_map(ct2, source, target), attention_map(native, source, target)
+    assert (theirs.source, theirs.target) == (ours.source, ours.target)
+    assert torch.allclose(torch.tensor(theirs.weights), torch.tensor(ours.weights), atol=1e-4)
+    assert reading_model(ct2) is reading_model(ct2)  # loaded once
+    ct2 = Translator.from_options(InferenceOptions(run_dir=tiny_run, engine="ctranslate2", precision="fp32"))
+    ct2.checkpoint = None  # as one built from an export directory alone
+    with pytest.raises(NmtError, match="attention maps need the model's checkpoint"):
+        reading_model(ct2)
+
+
 def test_a_placeholder_column_is_labelled_with_the_span_it_stands_for(tiny_run):
     """The page's fonts cannot draw ⦅0⦆: its column shows the pass-through span instead."""
     from nmt.data.passthrough import PLACEHOLDERS

@@ -18,7 +18,7 @@ from typing import TypeVar
 from nmt.config import Config, config_to_dict, stamp_sections
 from nmt.errors import NmtError
 from nmt.files import atomic_write_text
-from nmt.runs import hash_files, is_fresh, stamp_path, write_stamp
+from nmt.run.dirs import hash_files, is_fresh, stamp_path, write_stamp
 
 T = TypeVar("T")
 
@@ -156,11 +156,11 @@ def select_stage(config: Config, run_dir: Path) -> str:
 
     The choice is made on the validation split only; the winner is copied to
     `checkpoints/final.safetensors` with the step it was chosen after, which translate/eval
-    use by default until training goes on (`nmt.checkpoint_files.choose_inference_checkpoint`).
+    use by default until training goes on (`nmt.run.checkpoints.choose_inference_checkpoint`).
     """
-    from nmt.checkpoint import average_last, write_final
     from nmt.decode.evaluate import EvalJob, evaluate_run
     from nmt.decode.options import InferenceOptions
+    from nmt.run.weights import average_last, write_final
 
     ckpt_dir = run_dir / "checkpoints"
     trained = sorted(ckpt_dir.glob("step_*.safetensors")) + sorted(ckpt_dir.glob("best.safetensors"))
@@ -205,7 +205,7 @@ def export_stage(run_dir: Path) -> str:
     """The CTranslate2 export of the final checkpoint (reused while current), so that `nmt
     translate` (`--engine auto`) starts without PyTorch; skipped without the ctranslate2 package
     or for a model CTranslate2 cannot express (the reason is printed)."""
-    from nmt.decode.ct2_export import ExportOptions, export_run, fresh_export, installed
+    from nmt.export.ct2_model import ExportOptions, export_run, fresh_export, installed
 
     final = run_dir / "checkpoints" / "final.safetensors"
     if not installed() or fresh_export(run_dir, final) is not None:

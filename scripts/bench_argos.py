@@ -8,7 +8,7 @@ Rows, on the first N validation lines (corpus/valid.zh, raw, scored against corp
 - nmt: `Translator(engine="ctranslate2")`, what `nmt translate --engine ctranslate2` prints
   (normalisation, pass-through, the run's decode settings; float32).
 - argos (float32 / as installed): `argostranslate.translate.translate` with the package
-  installed in a fresh packages directory, sockets refused (`nmt.decode.argos_check.argos_translate`);
+  installed in a fresh packages directory, sockets refused (`nmt.export.argos_check.argos_translate`);
   upstream Argos 1.11 loads CTranslate2 with compute_type "auto" (int8 on an x86 CPU);
   ARGOS_COMPUTE_TYPE=float32 keeps the weights' type, as LibreTranslate's fork does.
 - steps from nmt to Argos, decoded here with CTranslate2 and the package's own files, each
@@ -34,10 +34,10 @@ import sentencepiece as spm
 
 from nmt.config import load_config
 from nmt.data import passthrough
-from nmt.decode.argos_check import argos_pipeline, argos_translate
-from nmt.decode.ct2_export import ExportOptions, export_run
 from nmt.decode.evaluate import score
 from nmt.decode.translator import Translator
+from nmt.export.argos_check import argos_pipeline, argos_translate
+from nmt.export.ct2_model import ExportOptions, export_run
 
 
 def row(name: str, hyps: list[str], refs: list[str], srcs: list[str], data, nmt_hyps: list[str] | None, secs: float):

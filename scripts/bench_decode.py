@@ -2,7 +2,7 @@
 """Decoding speed side by side: nmt's native engine against CTranslate2, same weights, same sentences.
 
 One run, one table: native fp32 / bf16 / int8 and CTranslate2 float32 / int8 (the same checkpoint,
-exported with nmt/decode/ct2_export.py), greedy and beam search, each batch size, on a seeded subset of the
+exported with nmt/export/ct2_model.py), greedy and beam search, each batch size, on a seeded subset of the
 run's test split. Every row carries its BLEU, so that no speed-up silently costs quality, and its
 ratio to CTranslate2 float32 at the same batch size and search — the headline, because absolute
 figures move with the machine. Repetitions are interleaved (every engine once, then again) and
@@ -37,12 +37,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nmt import host  # noqa: E402
-from nmt.checkpoint_files import find_inference_checkpoint  # noqa: E402
 from nmt.decode.evaluate import read_lines, score  # noqa: E402
 from nmt.decode.options import ALONE_ROWS, BATCH_ROWS  # noqa: E402
 from nmt.decode.translator import Translator  # noqa: E402
+from nmt.hw import host  # noqa: E402
 from nmt.model.fast_decoder import FastDecoder  # noqa: E402
+from nmt.run.checkpoints import find_inference_checkpoint  # noqa: E402
 
 ROWS = "native:fp32,native:bf16,native:int8,ctranslate2:fp32,ctranslate2:int8"
 
@@ -74,12 +74,13 @@ def subset(run: Path, n: int, seed: int) -> tuple[list[str], list[str]]:
 
 
 def ct2_engine(args: argparse.Namespace, native: Translator, precision: str) -> object:
-    """CTranslate2 on the same checkpoint (exported once by nmt/decode/ct2_export.py), in `precision`."""
-    from nmt.decode import ct2, ct2_export
+    """CTranslate2 on the same checkpoint (exported once by nmt/export/ct2_model.py), in `precision`."""
+    from nmt.decode import ct2
+    from nmt.export import ct2_model
 
-    source = ct2_export.resolve_source(args.run, native.checkpoint)
+    source = ct2_model.resolve_source(args.run, native.checkpoint)
     out = args.export_dir / native.checkpoint.stem if args.export_dir else None
-    model_dir = ct2_export.ensure_export(source, out, None)
+    model_dir = ct2_model.ensure_export(source, out, None)
     cls = ct2.CTranslate2Engine if args.ct2_engine else _whole_batches(ct2.CTranslate2Engine)
     return cls(model_dir, native.config.decode, ct2.Ct2Device("cpu"), precision, args.threads)
 

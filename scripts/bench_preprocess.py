@@ -116,7 +116,7 @@ class PeakMemory:
 def _stage(name: str, config_args: tuple[str, list[str]], run_dir: str, mirror: str) -> None:
     """The body of a stage's process."""
     from nmt.config import load_config
-    from nmt.runs import init_run
+    from nmt.run.dirs import init_run
 
     config = load_config(*config_args)
     init_run(config, Path(run_dir))
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--mirror {args.mirror}: no {CORPUS_DIR}/train.jsonl there")
     cores = len(os.sched_getaffinity(0))
     config_args = (args.config, ["data.corpus=tatoeba", *args.set])
-    from nmt.host import cpu_model
+    from nmt.hw.host import cpu_model
 
     print(f"CPU: {cpu_model()}, {cores} cores; config {args.config} {' '.join(config_args[1])}")
     print(HEADER, flush=True)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nmt import host  # noqa: E402
+from nmt.hw import host  # noqa: E402
 from nmt.model import attention  # noqa: E402
 
 CROSS = [(n, beam, 20) for n in (1, 4, 8, 16, 32, 64) for beam in (1, 5)]  # (sentences, beam, source length)

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from nmt.config import Config, load_config  # noqa: E402
-from nmt.device import fast_bf16_available, set_threads  # noqa: E402
+from nmt.hw.device import fast_bf16_available, set_threads  # noqa: E402
 from nmt.model.flops import matmul_peak_flops, train_flops  # noqa: E402
 
 REFERENCE = [
@@ -67,7 +67,7 @@ def reference_config(variant: str) -> Config:
 def prepare_data(args: argparse.Namespace) -> None:
     from nmt.data.corpus import prepare_corpus
     from nmt.data.vocab import build_vocab
-    from nmt.runs import init_run
+    from nmt.run.dirs import init_run
 
     config = reference_config("fp32-sdpa")
     init_run(config, args.run, latest=False)  # a benchmark never becomes the default run

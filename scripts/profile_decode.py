@@ -20,9 +20,9 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nmt.checkpoint_files import latest_checkpoint  # noqa: E402
 from nmt.decode.evaluate import read_lines  # noqa: E402
 from nmt.decode.translator import Translator  # noqa: E402
+from nmt.run.checkpoints import latest_checkpoint  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

@@ -4,7 +4,7 @@ PyTorch picks its CPU kernels per process: ATen's vectorised kernels by `ATEN_CP
 (default | avx2 | avx512), oneDNN's (bf16 matmuls, packed linear layers, int8) by
 `ONEDNN_MAX_CPU_ISA`, MKL's GEMMs by `MKL_ENABLE_INSTRUCTIONS`. Capping them runs this host as a
 host of another kind, at full speed; `NMT_HOST_WITHOUT` presets take nmt's own fast paths away
-(nmt.host). Each kind runs the tests marked `learning`, `invariance`, `precision` and `int8` in a
+(nmt.hw.host). Each kind runs the tests marked `learning`, `invariance`, `precision` and `int8` in a
 fresh pytest process, with a probe cache of its own, and the table says which groups passed.
 
     python scripts/test_kinds.py                     # every kind this host has, seed 1 (make test-kinds)

@@ -142,7 +142,7 @@ def pipeline_on_one_thread(config: Config, run_dir: Path, mirror: Path) -> dict:
     """`nmt pipeline` of `config` into a new `run_dir` on the mirror, on one thread (a tiny model
     trains fastest there, and the cores are shared); returns the pipeline's result."""
     from nmt.pipeline import run_pipeline
-    from nmt.runs import init_run
+    from nmt.run.dirs import init_run
 
     init_run(config, run_dir)
     threads = torch.get_num_threads()

@@ -8,10 +8,10 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from nmt.checkpoint_files import complete_checkpoints
 from nmt.cli import app
 from nmt.decode.evaluate import score
 from nmt.model.attention import resolve_backend
+from nmt.run.checkpoints import complete_checkpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -239,8 +239,8 @@ def test_eval_with_an_ensemble_and_with_sampling(tiny_run):
 
 
 def test_doctor_lists_the_kernels_and_both_workloads_choices(monkeypatch):
-    import nmt.device as device
-    from nmt import host
+    import nmt.hw.device as device
+    from nmt.hw import host
 
     times = {device.ALONE_ROWS: {"fp32": 2.0, "int8": 1.0}, device.BATCH_ROWS: {"fp32": 1.0, "int8": 1.25}}
     monkeypatch.setattr(device, "decode_times", lambda shape, rows: times[rows])

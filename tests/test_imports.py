@@ -92,4 +92,4 @@ def test_no_module_re_exports_a_name_it_imports():
 def test_subpackages_are_the_pipeline():
     """A subpackage per part of the pipeline, and the command line that drives them."""
     packages = {p.parent.name for p in NMT.glob("*/__init__.py")}
-    assert packages == {"data", "model", "train", "decode", "serve", "cli"}
+    assert packages == {"hw", "run", "data", "model", "export", "train", "decode", "serve", "cli"}

@@ -42,8 +42,8 @@ def test_pipeline_makes_every_artifact(tiny_run):
 def test_pipeline_exports_the_final_model_for_ctranslate2(tiny_run):
     """So that `nmt translate` (--engine auto) answers without PyTorch right after the pipeline."""
     pytest.importorskip("ctranslate2")
-    from nmt.decode.ct2_export import fresh_export
     from nmt.decode.loading import resolve_engine
+    from nmt.export.ct2_model import fresh_export
 
     final = tiny_run / "checkpoints" / "final.safetensors"
     assert fresh_export(tiny_run, final) == tiny_run / "export" / "ct2-final-float32"

@@ -154,8 +154,8 @@ def export(
 ) -> None:
     """Export a run's model for another inference engine: CTranslate2 (with both vocabularies), or an
     Argos Translate package (.argosmodel, for Argos Translate and LibreTranslate)."""
-    from nmt.decode.ct2_export import ExportOptions
-    from nmt.decode.export import export as write_export
+    from nmt.export.ct2_model import ExportOptions
+    from nmt.export.formats import export as write_export
 
     out = write_export(ExportOptions(existing_run(run), checkpoint, output, quantization, format_))
     typer.echo(f"wrote {out}")

@@ -113,9 +113,9 @@ def user_errors(fn: F) -> F:
 def setup_run(
     config: Path | None, overrides: list[str] | None, run: Path | None, create: bool = True, need_model: bool = False
 ) -> tuple[Any, Path]:
-    """(config, run directory) of a command's --config/--set/--run (`nmt.runs.resolve_run`); the run
+    """(config, run directory) of a command's --config/--set/--run (`nmt.run.dirs.resolve_run`); the run
     directory is created with its resolved config.yaml unless `create` is False."""
-    from nmt.runs import init_run, resolve_run
+    from nmt.run.dirs import init_run, resolve_run
 
     cfg, run_dir = resolve_run(str(config) if config else None, str(run) if run else None, overrides, need_model)
     if create:
@@ -160,7 +160,7 @@ def read_lines(texts: list[str] | None, path: Path | None) -> list[str]:
 
 def existing_run(run: Path | None) -> Path:
     """`--run`, or the newest run under runs/ with a model; NmtError where it does not exist."""
-    from nmt.runs import newest_model_run
+    from nmt.run.dirs import newest_model_run
 
     run_dir = run or newest_model_run()
     if not run_dir.is_dir():

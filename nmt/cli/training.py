@@ -95,7 +95,7 @@ def average(
     """Average the last N checkpoints of a run into one (usually +0.5-1 BLEU).
 
     With fewer than N checkpoints kept it averages those and says how many."""
-    from nmt.checkpoint import average_last
+    from nmt.run.weights import average_last
 
     typer.echo(average_last(existing_run(run), last, output).message())
 

@@ -47,7 +47,7 @@ from nmt.data.recipes import SPLITS, BadLines, Recipe, get_recipe
 from nmt.data.sample import sample_masks
 from nmt.errors import NmtError
 from nmt.files import atomic_path
-from nmt.runs import clear_stamp, hash_files, is_fresh, write_stamp
+from nmt.run.dirs import clear_stamp, hash_files, is_fresh, write_stamp
 
 TRAIN_RULES = ("bad_line", "empty", "too_long", "ratio", "overlap", "duplicate", "subsampled")
 

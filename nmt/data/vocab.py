@@ -58,7 +58,7 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.data.vocab_sample import draw_sample
 from nmt.errors import NmtError
 from nmt.files import atomic_path
-from nmt.runs import checkpoint_run, clear_stamp, hash_files, is_fresh, stamp_path, write_stamp
+from nmt.run.dirs import checkpoint_run, clear_stamp, hash_files, is_fresh, stamp_path, write_stamp
 
 _META_PIECES = 4  # pad, unk, bos, eos
 _BYTE_PIECES = 256

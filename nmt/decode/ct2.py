@@ -1,4 +1,4 @@
-"""CTranslate2, part 2: an exported model (`nmt.decode.ct2_export`) decoding as one of nmt's engines.
+"""CTranslate2, part 2: an exported model (`nmt.export.ct2_model`) decoding as one of nmt's engines.
 
 Optional extra (`pip install 'nmt[ctranslate2]'`): this module imports without the package, and
 every entry point raises a one-line `NmtError` naming the extra when it is missing.
@@ -46,9 +46,9 @@ from typing import Any
 
 from nmt import BOS_ID, EOS_ID, PAD_ID
 from nmt.config import Config, DecodeConfig, config_from_dict
-from nmt.decode.ct2_export import MANIFEST, ensure_export, require_ctranslate2, resolve_source, vocabulary_pieces
 from nmt.decode.options import Sampling, cpu_threads
 from nmt.errors import NmtError
+from nmt.export.ct2_model import MANIFEST, ensure_export, require_ctranslate2, resolve_source, vocabulary_pieces
 
 # nmt precision → CTranslate2 compute type ("default": the type the weights were saved in)
 COMPUTE_TYPES = {"auto": "default", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8"}
@@ -67,7 +67,7 @@ class Ct2Device:
 
 def ct2_device(name: str = "auto") -> Ct2Device:
     """'auto' → the first CUDA device CTranslate2 sees, else the CPU; 'cpu', 'cuda', 'cuda:N' checked
-    against CTranslate2's own device count (the rule of `nmt.device.resolve_device`)."""
+    against CTranslate2's own device count (the rule of `nmt.hw.device.resolve_device`)."""
     lib = require_ctranslate2()
     name = (name or "auto").strip().lower()
     gpus = lib.get_cuda_device_count()

@@ -82,7 +82,7 @@ def device_for(engine: str, device: str, sampling: Sampling | None) -> Any:
         if sampling is not None:
             seed_sampling(sampling.seed)
         return dev
-    from nmt.device import resolve_device
+    from nmt.hw.device import resolve_device
 
     return resolve_device(device)
 
@@ -102,8 +102,8 @@ def auto_export(run_dir: Path, checkpoint: Path | None, ensemble: tuple[Path, ..
     directory, else its current export in the run's cache (`nmt export`, `nmt pipeline`, or an
     earlier `--engine ctranslate2`); None (native) without the package, for an ensemble
     (native-only) or without a current export. Nothing is converted here."""
-    from nmt.checkpoint_files import find_inference_checkpoint
-    from nmt.decode.ct2_export import fresh_export, installed
+    from nmt.export.ct2_model import fresh_export, installed
+    from nmt.run.checkpoints import find_inference_checkpoint
 
     if ensemble or not installed():
         return None
@@ -128,9 +128,9 @@ def load_ensemble(
 ) -> torch.nn.Module:
     """`first` and the models of `paths` as one `Ensemble`. Each member keeps its own shape (from
     its checkpoint); all must share the first model's vocabularies (files of the runs they belong to)."""
-    from nmt.checkpoint_files import read_config
     from nmt.model.ensemble import Ensemble, check_vocabularies
-    from nmt.runs import checkpoint_run
+    from nmt.run.checkpoints import read_config
+    from nmt.run.dirs import checkpoint_run
 
     def vocab(run: Path) -> tuple[Path, Path]:
         return tuple(run / "vocab" / f"{lang}.model" for lang in (config.data.src_lang, config.data.tgt_lang))
@@ -159,8 +159,8 @@ def load_model(config: Config, src_vocab: int, tgt_vocab: int, path: Path) -> to
     """The Transformer of `config` with the weights read from `path`, built without the random
     initialisation that the checkpoint overwrites (`without_initialisation`; the strict
     `load_state_dict` below fails if any parameter is missing from the checkpoint)."""
-    from nmt.checkpoint import load_weights
     from nmt.model.transformer import build_model, without_initialisation
+    from nmt.run.weights import load_weights
 
     with without_initialisation():
         model = build_model(config, src_vocab, tgt_vocab)

@@ -63,8 +63,8 @@ class Sampling:
 class InferenceOptions:
     """Which model of a run, and how it decodes: one object for translate, eval and serve."""
 
-    run_dir: Path | None = None  # None: the newest run under runs/ with a model (nmt.runs.newest_model_run)
-    checkpoint: Path | None = None  # None: the run's inference checkpoint (nmt.checkpoint_files)
+    run_dir: Path | None = None  # None: the newest run under runs/ with a model (nmt.run.dirs.newest_model_run)
+    checkpoint: Path | None = None  # None: the run's inference checkpoint (nmt.run.checkpoints)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "auto"  # auto (= REFERENCE_PRECISION) | fp32 | bf16 | int8 (native engine)
     engine: str = "native"  # native | ctranslate2 | auto
@@ -75,4 +75,4 @@ class InferenceOptions:
     ensemble: tuple[Path, ...] = ()  # more checkpoints decoded with `checkpoint` as one model (native engine)
     threads: int = 0  # CPU threads of the CTranslate2 engine, fixed when it loads (0: `cpu_threads`)
     rows: int = BATCH_ROWS  # rows of a typical decoding step: the native engine's int8 kernel is
-    # the one measured fastest for it (`nmt.device`); ALONE_ROWS for a sentence at a time
+    # the one measured fastest for it (`nmt.hw.device`); ALONE_ROWS for a sentence at a time

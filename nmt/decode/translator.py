@@ -113,11 +113,11 @@ class Translator:
     @classmethod
     def from_options(cls, opts: InferenceOptions, config: Config | None = None) -> Translator:
         """The translator of `opts`: its run (default: the newest with a model), checkpoint
-        (default: `nmt.checkpoint_files.choose_inference_checkpoint`), engine, device and
+        (default: `nmt.run.checkpoints.choose_inference_checkpoint`), engine, device and
         precision. The architecture comes from the checkpoint's stored config; the rest (data
         normalisation, decode settings) from `config`, else `<run>/config.yaml`, else the
         checkpoint. Says on stderr which checkpoint (path, step, why) it loaded."""
-        from nmt.runs import resolve_run
+        from nmt.run.dirs import resolve_run
 
         _, run = resolve_run(None, str(opts.run_dir) if opts.run_dir is not None else None, need_model=True)
         return cls._load(run, opts, config)
@@ -127,9 +127,9 @@ class Translator:
         """The translator of `opts` for `run_dir`, on the engine and precision of
         `nmt.decode.loading.choose` (the same for every command); says on stderr what it loaded
         and how it decodes: 'loaded <checkpoint> (step N; why); --engine auto: ctranslate2; ctranslate2 fp32'."""
-        from nmt.checkpoint_files import choose_inference_checkpoint, describe_checkpoint, read_config
         from nmt.data.tokenizer import load_tokenizers
         from nmt.decode import loading
+        from nmt.run.checkpoints import choose_inference_checkpoint, describe_checkpoint, read_config
 
         picked = loading.choose(opts, run_dir)
         opts = dataclasses.replace(opts, precision=picked.precision)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.errors import ConfigError
-from nmt.host import best_time, probe
+from nmt.hw.host import best_time, probe
 from nmt.model.kv_cache import DecoderState, KVCache
 from nmt.model.masks import Packing, attention_mask_from_padding, causal_mask, decoder_self_mask
 

@@ -3,9 +3,9 @@
 `inference_model` is the one entry: ``bf16``/``fp16`` cast the weights once (autocast would re-cast
 every weight at every decoding step); ``int8`` turns every linear layer into an `Int8Linear`, the
 tied output projection included; on a CPU, fp32 and bf16 linear layers get their weights
-pre-packed for oneDNN (`PackedLinear`). Each kernel is used only where `nmt.host` found that it
+pre-packed for oneDNN (`PackedLinear`). Each kernel is used only where `nmt.hw.host` found that it
 runs on this machine; otherwise the layer stays a plain ``nn.Linear`` (packing), or int8 uses the
-next kernel that runs. Which precision to decode in is `nmt.device.resolve_inference_precision`.
+next kernel that runs. Which precision to decode in is `nmt.hw.device.resolve_inference_precision`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt import host
+from nmt.hw import host
 from nmt.model.transformer import FeedForward
 
-INT8_KERNELS = ("int8-fbgemm", "int8-qnnpack", "int8-onednn", "int8-weight")  # `nmt.host` kernel names
+INT8_KERNELS = ("int8-fbgemm", "int8-qnnpack", "int8-onednn", "int8-weight")  # `nmt.hw.host` kernel names
 
 
 def inference_model(
@@ -28,7 +28,7 @@ def inference_model(
 ) -> torch.nn.Module:
     """`model` on `device` in eval mode, converted for decoding in the resolved `precision`
     (fp32 | bf16 | fp16 | int8). `int8_kernel`: one of `INT8_KERNELS` (default: the first that
-    runs here; `nmt.device.fastest_int8_kernel` measures which is fastest)."""
+    runs here; `nmt.hw.device.fastest_int8_kernel` measures which is fastest)."""
     model = model.to(device).eval()
     if not isinstance(model, torch.nn.Module):  # a duck-typed decoding model (tests): used as it is
         return model
@@ -43,7 +43,7 @@ def inference_model(
 
 def int8_kernels() -> list[str]:
     """The int8 kernels that run on this host, in order of preference when nothing was measured;
-    empty where none does (then int8 decoding is refused, `nmt.device`)."""
+    empty where none does (then int8 decoding is refused, `nmt.hw.device`)."""
     here = host.current()
     return [k for k in INT8_KERNELS if here.has(k)]
 

@@ -12,7 +12,7 @@ import time
 import torch
 
 from nmt.config import ModelConfig
-from nmt.host import probe
+from nmt.hw.host import probe
 
 PEAK_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -91,7 +91,7 @@ def matmul_peak_flops(
 def training_peak_flops(device: torch.device, precision: str) -> float:
     """The matmul peak that training's MFU divides by: `matmul_peak_flops` in the dtype of
     `precision` (resolved: fp32, bf16 or fp16) on `device`, measured once per host and cached
-    (`nmt.host.probe`; the name carries the GPU's). Square matmuls of 8192 on CUDA, large enough to
+    (`nmt.hw.host.probe`; the name carries the GPU's). Square matmuls of 8192 on CUDA, large enough to
     reach a big GPU's peak; of 512 on a CPU, small enough that an emulated bf16 matmul takes seconds."""
     dtype = PEAK_DTYPES[precision]
     if device.type == "cuda":

@@ -7,7 +7,7 @@ Routes (JSON unless noted; errors are `{"error": "one line"}` with a 4xx/5xx sta
     GET  /info           model, checkpoint, config summary, decoding defaults, limits, eval scores
     POST /translate      {"text": str | [str], "beam"?, "nbest"?, "len_penalty"?} → {"translations": [...]}
     POST /attention      {"text": str, "translation"?: str, "layer"?: int} → source/target pieces + weights
-    GET  /run/curves     the training scalars (nmt/runlog.py)
+    GET  /run/curves     the training scalars (nmt/run/log.py)
     GET  /run/evals      the run's eval reports, summarised
     GET  /docs           the OpenAPI page FastAPI serves
 
@@ -33,7 +33,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from nmt.errors import NmtError
-from nmt.runlog import curves_to_json, eval_summary, read_curves, read_eval_reports
+from nmt.run.log import curves_to_json, eval_summary, read_curves, read_eval_reports
 from nmt.serve.batcher import Batcher, BatchLimits, Decoding
 from nmt.serve.libretranslate import LibreAccess, LibreTranslate
 from nmt.serve.requests import (
@@ -168,7 +168,7 @@ class Service:
         }
 
     def info(self) -> dict[str, Any]:
-        from nmt.checkpoint_files import checkpoint_step
+        from nmt.run.checkpoints import checkpoint_step
 
         c, f = self.facts.config, self.facts
         step = None
@@ -200,7 +200,7 @@ def auto_workers(opts: Any, run_dir: Path | None = None) -> int:
     own threads)."""
     from nmt.decode.loading import resolve_engine
     from nmt.decode.options import available_cores
-    from nmt.device import resolve_device
+    from nmt.hw.device import resolve_device
 
     engine = opts.engine
     if engine == "auto":
@@ -313,7 +313,7 @@ def serve(opts: Any, server: ServeOptions) -> None:
 
     import uvicorn
 
-    from nmt.runs import resolve_run
+    from nmt.run.dirs import resolve_run
 
     _, run_dir = resolve_run(None, str(opts.run_dir) if opts.run_dir is not None else None)
     sock = socket.socket(socket.AF_INET6 if ":" in server.host else socket.AF_INET)

@@ -14,7 +14,7 @@ from typing import Any
 
 from nmt.errors import NmtError
 from nmt.files import atomic_path
-from nmt.runlog import MAIN_CURVES, Series, read_curves, require_run
+from nmt.run.log import MAIN_CURVES, Series, read_curves, require_run
 from nmt.serve.attention_map import AttentionMap
 
 

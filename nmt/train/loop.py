@@ -44,13 +44,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from nmt import checkpoint as ckpt
 from nmt.config import Config
 from nmt.data.batching import Batch, PairDataset, Prefetcher, WindowSampler, load_batch
 from nmt.data.vocab import check_vocab_copied
-from nmt.device import check_precision, describe, resolve_device, resolve_precision, set_threads
+from nmt.hw.device import check_precision, describe, resolve_device, resolve_precision, set_threads
 from nmt.model.flops import train_flops, training_peak_flops
-from nmt.runlog import TB_DIR
+from nmt.run import weights as ckpt
+from nmt.run.log import TB_DIR
 from nmt.train.distributed import DistInfo, barrier, init_distributed, teardown
 from nmt.train.memory import ResidentMemory
 from nmt.train.progress import TrainLog, TrainProgress
@@ -68,7 +68,7 @@ def train(config: Config, run_dir: Path, restart: bool = False) -> dict:
     Clears the pipeline's "train" stamp first: until this call returns, the run's
     checkpoints are not a finished training run.
     """
-    from nmt.runs import clear_stamp
+    from nmt.run.dirs import clear_stamp
 
     clear_stamp(run_dir, "train")
     return fit(config, run_dir, restart=restart)

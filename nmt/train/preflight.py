@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from nmt.config import Config
-from nmt.device import check_precision, resolve_device
+from nmt.hw.device import check_precision, resolve_device
 from nmt.model.attention import resolve_backend
 
 

@@ -1,5 +1,5 @@
 """Training output on the main rank: a rich progress bar, with every line and scalar also written
-to the run log (`nmt.runlog.RunLogWriter`: ``<run>/train.log`` and TensorBoard), and what goes
+to the run log (`nmt.run.log.RunLogWriter`: ``<run>/train.log`` and TensorBoard), and what goes
 into it (`TrainProgress`): the bar per update, a line for each skipped update, and every
 ``train.log_every`` updates the ``train/*`` scalars of the window since the last log line — loss,
 perplexity, lr, gradient norm, target tokens/s and MFU over the window's update time (validation
@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from nmt.model.flops import mfu
-from nmt.runlog import RunLogWriter, format_values
+from nmt.run.log import RunLogWriter, format_values
 from nmt.train.update import StepResult, TrainState
 
 

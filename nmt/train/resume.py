@@ -16,9 +16,9 @@ from pathlib import Path
 
 from torch import nn
 
-from nmt import checkpoint as ckpt
 from nmt.config import Config
 from nmt.errors import NmtError
+from nmt.run import weights as ckpt
 from nmt.train.update import TrainState
 
 

@@ -40,13 +40,13 @@ import torch
 from torch import nn
 
 from nmt import PAD_ID
-from nmt.checkpoint import unwrap
 from nmt.config import TrainConfig
 from nmt.contracts import PacksLogits
 from nmt.data.batching import Batch
-from nmt.device import autocast, grad_scaler
 from nmt.errors import NmtError
+from nmt.hw.device import autocast, grad_scaler
 from nmt.model.masks import Packing
+from nmt.run.weights import unwrap
 from nmt.train.distributed import all_reduce_sum, world_size
 from nmt.train.objective import build_optimizer, label_smoothed_nll, learning_rate, set_learning_rate
 

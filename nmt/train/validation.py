@@ -29,14 +29,14 @@ import torch
 from torch import nn
 
 from nmt import PAD_ID
-from nmt import checkpoint as ckpt
-from nmt.checkpoint import unwrap
 from nmt.config import Config
 from nmt.contracts import PacksLogits
 from nmt.data.batching import TokenBatchSampler, load_batch, pad_sources
 from nmt.data.passthrough import Masked, mask_pair, masker, restore
-from nmt.device import autocast
-from nmt.runlog import format_values
+from nmt.hw.device import autocast
+from nmt.run import weights as ckpt
+from nmt.run.log import format_values
+from nmt.run.weights import unwrap
 from nmt.train.objective import label_smoothed_nll
 from nmt.train.progress import TrainLog
 from nmt.train.update import Trainer
@@ -169,7 +169,7 @@ class EvalHook:
 
     Every `train.eval_every` updates (and once when training stops) rank 0 runs the `Validator`,
     writes `best.safetensors` when validation BLEU improved, logs the scores and three samples,
-    and writes the step checkpoint (trainer state, then weights; see `nmt.checkpoint`). The other
+    and writes the step checkpoint (trainer state, then weights; see `nmt.run.weights`). The other
     ranks only record that the step was evaluated."""
 
     def __init__(

@@ -134,7 +134,7 @@ def test_a_forward_run_trains_on_real_and_tagged_synthetic_pairs(reverse_run, mo
     from nmt.config import BT_TAG
     from nmt.decode.translator import Translator
     from nmt.pipeline import run_pipeline
-    from nmt.runs import init_run
+    from nmt.run.dirs import init_run
 
     folder, english, _ = mono
     backtranslate(options(reverse_run, folder, tmp_path / "bt"))

@@ -1,4 +1,4 @@
-"""CTranslate2 export and engine (nmt/decode/ct2_export.py, ct2.py, ct2_spec.py): numerics of the converted weights,
+"""CTranslate2 export and engine (nmt/export/ct2_model.py, ct2.py, ct2_spec.py): numerics of the converted weights,
 parity of the two engines on a trained model, the manifest and cache, refusals, CLI errors,
 quantised exports.
 
@@ -28,8 +28,9 @@ from nmt.errors import NmtError
 ctranslate2 = pytest.importorskip("ctranslate2", reason="optional extra nmt[ctranslate2] is not installed")
 
 from nmt.cli import app  # noqa: E402
-from nmt.decode import ct2, ct2_export, ct2_spec  # noqa: E402  (after the skip: the modules are only useful with the package)
+from nmt.decode import ct2  # noqa: E402  (after the skip: the modules are only useful with the package)
 from nmt.decode.translator import Translator  # noqa: E402
+from nmt.export import ct2_model, ct2_spec  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -154,7 +155,7 @@ def test_converted_log_probs_equal_the_model(trained_run, tmp_path, variant):
             p.add_(0.2 * torch.randn_like(p))
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(run / "checkpoints" / "final.safetensors"), {"config": config_to_yaml(config), "step": "3"})
-    out = ct2_export.export_run(ct2_export.ExportOptions(run))
+    out = ct2_model.export_run(ct2_model.ExportOptions(run))
     translator = ctranslate2.Translator(str(out), compute_type="float32", intra_threads=1)
     src = native.encode_sources(_lines(trained_run, "valid.zh")[:8])
     tgt = [native.tgt_tok.encode(line) for line in _lines(trained_run, "valid.en")[8:16]]
@@ -173,9 +174,9 @@ def test_converted_log_probs_equal_the_model(trained_run, tmp_path, variant):
 
 
 def test_export_manifest_and_reuse(trained_run, tmp_path):
-    from nmt.checkpoint_files import checkpoint_step, find_inference_checkpoint
+    from nmt.run.checkpoints import checkpoint_step, find_inference_checkpoint
 
-    out = ct2_export.export_run(ct2_export.ExportOptions(trained_run, output=tmp_path / "model"))
+    out = ct2_model.export_run(ct2_model.ExportOptions(trained_run, output=tmp_path / "model"))
     manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     checkpoint = find_inference_checkpoint(trained_run)
     assert manifest["format"] == "ctranslate2" and manifest["quantization"] == "float32"
@@ -189,7 +190,7 @@ def test_export_manifest_and_reuse(trained_run, tmp_path):
     assert (out / "target.model").read_bytes() == (trained_run / "vocab" / "en.model").read_bytes()
     assert ctranslate2.contains_model(str(out))
     stamp = (out / "model.bin").stat().st_mtime_ns
-    assert ct2_export.export_run(ct2_export.ExportOptions(trained_run, output=tmp_path / "model")) == out
+    assert ct2_model.export_run(ct2_model.ExportOptions(trained_run, output=tmp_path / "model")) == out
     assert (out / "model.bin").stat().st_mtime_ns == stamp, "a fresh export is reused, not rewritten"
 
 
@@ -200,7 +201,7 @@ def test_engine_cache_follows_the_checkpoint(trained_run, tmp_path):
     config = load_config(run / "config.yaml")
     path = run / "checkpoints" / "best.safetensors"
     engine = ct2.CTranslate2Engine.from_checkpoint(run, path, config, ct2.Ct2Device("cpu"), "fp32")
-    assert engine.model_dir == ct2_export.default_export_dir(run, path, None)
+    assert engine.model_dir == ct2_model.default_export_dir(run, path, None)
     assert engine.model_dir.parent == run / "export"
     first = json.loads((engine.model_dir / "manifest.json").read_text())["inputs"]
     again = ct2.CTranslate2Engine.from_checkpoint(run, path, config, ct2.Ct2Device("cpu"), "fp32")
@@ -215,10 +216,10 @@ def test_engine_cache_follows_the_checkpoint(trained_run, tmp_path):
 def test_quantized_export_loads_and_decodes(trained_run, tmp_path):
     from nmt.decode.evaluate import score
 
-    out = ct2_export.export_run(ct2_export.ExportOptions(trained_run, output=tmp_path / "int8", quantization="int8"))
+    out = ct2_model.export_run(ct2_model.ExportOptions(trained_run, output=tmp_path / "int8", quantization="int8"))
     assert json.loads((out / "manifest.json").read_text())["quantization"] == "int8"
     assert (out / "model.bin").stat().st_size < (
-        ct2_export.export_run(ct2_export.ExportOptions(trained_run)) / "model.bin"
+        ct2_model.export_run(ct2_model.ExportOptions(trained_run)) / "model.bin"
     ).stat().st_size
     native = Translator.from_run(trained_run, precision="fp32")
     engine = ct2.CTranslate2Engine(out, native.config.decode, ct2.Ct2Device("cpu"), "auto")
@@ -255,7 +256,7 @@ def test_devices_are_named_without_torch(monkeypatch):
 
 
 def test_threads_follow_the_options_then_the_environment(trained_run, monkeypatch):
-    out = ct2_export.export_run(ct2_export.ExportOptions(trained_run))
+    out = ct2_model.export_run(ct2_model.ExportOptions(trained_run))
     decode = load_config(trained_run / "config.yaml").decode
     assert ct2.CTranslate2Engine(out, decode, ct2.Ct2Device("cpu"), "fp32", threads=1).threads == 1
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -266,7 +267,7 @@ def test_threads_follow_the_options_then_the_environment(trained_run, monkeypatc
 def test_translate_with_ctranslate2_never_imports_torch(trained_run, engine):
     """`nmt translate --engine ctranslate2` (and the default `auto`) on a run with a fresh export: no
     PyTorch in the process (`python -X importtime` lists every module imported), the same output as in-process."""
-    ct2_export.export_run(ct2_export.ExportOptions(trained_run))  # the engine's cache for the run's checkpoint
+    ct2_model.export_run(ct2_model.ExportOptions(trained_run))  # the engine's cache for the run's checkpoint
     src = _lines(trained_run, "valid.zh")[:3]
     cmd = [sys.executable, "-X", "importtime", "-m", "nmt", "translate", "--run", str(trained_run)]
     done = subprocess.run([*cmd, *engine, "--precision", "fp32", *src], capture_output=True, text=True, timeout=120)
@@ -285,18 +286,18 @@ def test_auto_engine_is_ctranslate2_only_with_a_current_export(trained_run, tmp_
     run = tmp_path / "run"
     shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("export", "eval"))
     assert resolve_engine("auto", run, None).name == "native"  # nothing exported: no conversion, decode natively
-    out = ct2_export.export_run(ct2_export.ExportOptions(run))
+    out = ct2_model.export_run(ct2_model.ExportOptions(run))
     assert resolve_engine("auto", run, None).name == "ctranslate2"
     assert resolve_engine("auto", run, out).name == "ctranslate2"
     best = run / "checkpoints" / "best.safetensors"
     assert resolve_engine("auto", run, best, ensemble=(best,)).name == "native"  # ensembles are native-only
-    chosen = ct2_export.resolve_source(run, None).checkpoint
+    chosen = ct2_model.resolve_source(run, None).checkpoint
     other = next(
         p for p in sorted((run / "checkpoints").glob("step_*.safetensors")) if p.read_bytes() != chosen.read_bytes()
     )
     shutil.copyfile(other, chosen)  # the export is now stale
     assert resolve_engine("auto", run, None).name == "native"
-    monkeypatch.setattr(ct2_export, "ctranslate2", None)
+    monkeypatch.setattr(ct2_model, "ctranslate2", None)
     assert resolve_engine("auto", run, out).name == "native"  # the package missing: never chosen
     t = Translator.from_run(run, engine="auto", precision="fp32")
     assert t.engine.name == "native"
@@ -341,7 +342,7 @@ def test_parameter_without_counterpart_is_refused(trained_run, tmp_path):
     config = load_config(trained_run / "config.yaml")
     save_file(state, str(run / "checkpoints" / "final.safetensors"), {"config": config_to_yaml(config), "step": "1"})
     with pytest.raises(NmtError, match="parameter 'decoder.gate.weight' has no CTranslate2 counterpart"):
-        ct2_export.export_run(ct2_export.ExportOptions(run))
+        ct2_model.export_run(ct2_model.ExportOptions(run))
     assert not (run / "export").exists() or not any((run / "export").iterdir()), "nothing half-written"
 
 
@@ -350,7 +351,7 @@ def test_vocabulary_of_another_size_is_refused(trained_run, tmp_path):
     shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("eval", "export"))
     shutil.copyfile(run / "vocab" / "zh.model", run / "vocab" / "en.model")  # sizes differ
     with pytest.raises(NmtError, match="CTranslate2 refused the model .*vocabulary"):
-        ct2_export.export_run(ct2_export.ExportOptions(run))
+        ct2_model.export_run(ct2_model.ExportOptions(run))
 
 
 # --------------------------------------------------------------------------- command line
@@ -383,7 +384,7 @@ def test_cli_translate_with_both_engines(trained_run):
 
 def test_translate_with_an_exported_directory(trained_run, tmp_path):
     """`--checkpoint DIR --engine ctranslate2` decodes with the export alone (its weights and vocabularies)."""
-    out = ct2_export.export_run(ct2_export.ExportOptions(trained_run, output=tmp_path / "m"))
+    out = ct2_model.export_run(ct2_model.ExportOptions(trained_run, output=tmp_path / "m"))
     lines = _lines(trained_run, "valid.zh")[:5]
     args = ("translate", "--run", str(trained_run), "--engine", "ctranslate2", "--precision", "fp32", *lines)
     from_export = _invoke(*args, "--checkpoint", str(out)).stdout
@@ -413,7 +414,7 @@ def test_cli_errors(trained_run, tmp_path, monkeypatch):
     not_ours = tmp_path / "taken"
     not_ours.mkdir()
     _one_line_error(_invoke("export", "--run", run, "--output", str(not_ours)), "is not an nmt export")
-    monkeypatch.setattr(ct2_export, "ctranslate2", None)  # as if the optional extra were not installed
+    monkeypatch.setattr(ct2_model, "ctranslate2", None)  # as if the optional extra were not installed
     _one_line_error(_invoke("export", "--run", run), "pip install 'nmt[ctranslate2]'")
     _one_line_error(
         _invoke("translate", "--run", run, "--engine", "ctranslate2", "一二"), "pip install 'nmt[ctranslate2]'"

@@ -309,10 +309,10 @@ def test_a_run_trained_with_flash_translates_and_averages_on_cpu(tiny_run_dir, t
     """A run whose stored configs say `model.attention: flash` (trained on a GPU) on a CPU machine."""
     import shutil
 
-    from nmt import checkpoint as ckpt
     from nmt.config import save_config
     from nmt.decode.translator import Translator
     from nmt.model.transformer import build_model
+    from nmt.run import weights as ckpt
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     run = tmp_path / "gpu-run"

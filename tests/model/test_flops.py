@@ -50,7 +50,7 @@ def test_matmul_peak_flops_is_a_positive_rate():
 
 
 def test_training_peak_is_measured_once_per_host_in_the_runs_precision(monkeypatch, tmp_path):
-    from nmt import host
+    from nmt.hw import host
     from nmt.model import flops
 
     monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path))

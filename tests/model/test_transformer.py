@@ -269,9 +269,9 @@ def test_flash_config_loads_and_builds_without_cuda_and_fails_only_when_run(monk
 
 def test_a_run_trained_with_flash_loads_decodes_and_averages_on_cpu(tmp_path, monkeypatch, tiny_config):
     """Train on a GPU (a checkpoint whose stored config says flash), decode and average on a CPU."""
-    from nmt import checkpoint as ckpt
     from nmt.data.batching import pad_sources
     from nmt.decode.engines import NativeEngine
+    from nmt.run import weights as ckpt
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     flash_cfg = dataclasses.replace(tiny_config, model=dataclasses.replace(tiny_config.model, attention="flash"))

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from nmt.cli import app
 from nmt.errors import NmtError
-from nmt.runlog import curves_to_json, eval_summary, read_curves, read_eval_reports
+from nmt.run.log import curves_to_json, eval_summary, read_curves, read_eval_reports
 
 pytest.importorskip("matplotlib", reason="plots need the serve extra (matplotlib)")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt import checkpoint as ckpt
 from nmt.errors import NmtError
+from nmt.run import weights as ckpt
 from nmt.train import distributed as dist
 
 ROOT = Path(__file__).resolve().parents[2]

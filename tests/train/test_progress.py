@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nmt.runlog import format_values
+from nmt.run.log import format_values
 from nmt.train.progress import TrainProgress, Window
 from nmt.train.update import Settled, StepResult, TrainState
 

@@ -62,7 +62,7 @@ def fine_tune_run(tiny_run, mini_mirror, tmp_path_factory) -> tuple[Path, object
     """A new run whose config starts from the tiny run's final checkpoint, corpus and vocab made."""
     from nmt.data.corpus import prepare_corpus
     from nmt.data.vocab import build_vocab
-    from nmt.runs import init_run
+    from nmt.run.dirs import init_run
 
     run = tmp_path_factory.mktemp("ft") / "run"
     source = tiny_run / "checkpoints" / "final.safetensors"

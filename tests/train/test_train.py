@@ -16,10 +16,10 @@ from learning import TEST_SEED, assert_learned
 from torch import nn
 
 from nmt import PAD_ID
-from nmt import checkpoint as ckpt
 from nmt.config import Config, load_config
 from nmt.errors import NmtError
-from nmt.runlog import read_curves
+from nmt.run import weights as ckpt
+from nmt.run.log import read_curves
 from nmt.train import loop, stopping
 from nmt.train.loop import fit
 from nmt.train.objective import label_smoothed_nll, learning_rate, lr_factor
@@ -252,7 +252,7 @@ def copy_task(run: Path, precision: str) -> dict:
 @pytest.fixture(scope="module")
 def copy_runs(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
     """The copy task trained in fp32 and in bf16 (where this CPU runs bf16 matmuls at all): run, summary."""
-    from nmt import host
+    from nmt.hw import host
 
     precisions = ["fp32", "bf16"] if host.current().has("matmul-bf16") else ["fp32"]
     runs = {p: tmp_path_factory.mktemp("copy") / p for p in precisions}

@@ -7,7 +7,7 @@ unpacks into Argos Translate's packages directory (LibreTranslate reads the same
       metadata.json        package_version, argos_version, from/to code and name, type "translate"
       model/               the CTranslate2 model of `nmt export --format ctranslate2` (ensure_export)
       sentencepiece.model  the run's source SentencePiece model, nmt's normalisation compiled in
-      minisbd/zh.onnx      the sentence splitter (nmt/decode/argos_sbd.py)
+      minisbd/zh.onnx      the sentence splitter (nmt/export/argos_sbd.py)
       README.md            provenance: run, checkpoint, step, config; the run's eval scores
       nmt.json             the export manifest (run, checkpoint, step, config, versions, digest)
 
@@ -52,9 +52,9 @@ from typing import Any
 
 import nmt
 from nmt.config import Config, DataConfig
-from nmt.decode.argos_sbd import minisbd_model
-from nmt.decode.ct2_export import ExportOptions, ExportSource, ensure_export, resolve_source
 from nmt.errors import NmtError
+from nmt.export.argos_sbd import minisbd_model
+from nmt.export.ct2_model import ExportOptions, ExportSource, ensure_export, resolve_source
 from nmt.files import atomic_path
 
 SUFFIX = ".argosmodel"
@@ -261,7 +261,7 @@ def _choices(data: DataConfig) -> dict[str, str]:
     return {
         "tokenizer": "source SentencePiece model; CTranslate2 vocabularies are nmt's pieces",
         "normalizer": " + ".join(kinds) or "none",
-        "sentence_splitter": "rule-based MiniSBD model (nmt/decode/argos_sbd.py)",
+        "sentence_splitter": "rule-based MiniSBD model (nmt/export/argos_sbd.py)",
         "passthrough": "not applied (Argos has no hook)",
     }
 

@@ -20,7 +20,7 @@ Kernels (name: what needs it; what happens without it):
   a slow reference loop on AVX2); ``int8-weight``: weight-only int8 with bf16 activations,
   ``torch.ops.aten._weight_int8pack_mm`` (it streams one byte per weight, the fastest for the
   one-row steps of a sentence decoded alone). int8 decoding uses the fastest one measured here
-  (`nmt.device`); with none, int8 is refused and ``auto`` never picks it.
+  (`nmt.hw.device`); with none, int8 is refused and ``auto`` never picks it.
 
 Tests and users simulate a host without some kernels through ``NMT_HOST_WITHOUT`` (a comma list
 of kernel names or of the presets in `PRESETS`, e.g. ``NMT_HOST_WITHOUT=avx2-only``), which

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from nmt.device import autocast, grad_scaler, resolve_device, set_threads
 from nmt.errors import NmtError
+from nmt.hw.device import autocast, grad_scaler, resolve_device, set_threads
 
 pytestmark = pytest.mark.precision
 
@@ -79,7 +79,7 @@ def test_set_threads():
 
 
 def test_auto_precision_resolves_to_a_concrete_one():
-    from nmt.device import fast_bf16_available, resolve_precision
+    from nmt.hw.device import fast_bf16_available, resolve_precision
 
     cpu = torch.device("cpu")
     assert resolve_precision(cpu, "auto") == ("bf16" if fast_bf16_available(cpu) else "fp32")
@@ -94,7 +94,7 @@ def test_auto_precision_resolves_to_a_concrete_one():
 @pytest.fixture
 def probe_dir(tmp_path, monkeypatch):
     """Probes cached in a fresh directory and a fresh process cache."""
-    from nmt import host
+    from nmt.hw import host
 
     monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(host, "_PROBES", {})
@@ -102,10 +102,12 @@ def probe_dir(tmp_path, monkeypatch):
 
 
 def test_inference_precision_checks_the_device(monkeypatch):
-    import nmt.device
-    from nmt.device import cpu_precisions, resolve_inference_precision
+    import nmt.hw.device
+    from nmt.hw.device import cpu_precisions, resolve_inference_precision
 
-    monkeypatch.setattr(nmt.device, "decode_times", lambda shape, rows: {})  # the speeds are not what is checked here
+    monkeypatch.setattr(
+        nmt.hw.device, "decode_times", lambda shape, rows: {}
+    )  # the speeds are not what is checked here
     cpu = torch.device("cpu")
     for p in cpu_precisions():
         assert resolve_inference_precision(cpu, p, (32, 64)) == p
@@ -115,8 +117,8 @@ def test_inference_precision_checks_the_device(monkeypatch):
 
 
 def test_decode_times_are_measured_once_and_cached_on_disk(probe_dir, monkeypatch):
-    import nmt.device as device
-    from nmt import host
+    import nmt.hw.device as device
+    from nmt.hw import host
 
     calls = []
 
@@ -138,7 +140,7 @@ def test_decode_times_are_measured_once_and_cached_on_disk(probe_dir, monkeypatc
 def test_auto_decodes_in_fp32_whatever_the_probes_measured(probe_dir, monkeypatch):
     """`--precision auto` is the reference precision on every workload, without measuring: the
     output every command shares, even where int8 or bf16 measured faster."""
-    import nmt.device as device
+    import nmt.hw.device as device
 
     measured = []
     monkeypatch.setattr(device, "_time_precisions", lambda d, f, rows: measured.append(rows))
@@ -149,8 +151,8 @@ def test_auto_decodes_in_fp32_whatever_the_probes_measured(probe_dir, monkeypatc
 
 
 def test_decode_times_really_time_every_precision_this_host_runs(probe_dir, monkeypatch):
-    import nmt.device as device
-    from nmt.device import cpu_precisions, decode_times
+    import nmt.hw.device as device
+    from nmt.hw.device import cpu_precisions, decode_times
 
     monkeypatch.setattr(device, "NOISY", math.inf)  # real timings on shared cores: kept however noisy
     monkeypatch.setattr(device, "MAX_SPEEDUP", math.inf)
@@ -159,7 +161,7 @@ def test_decode_times_really_time_every_precision_this_host_runs(probe_dir, monk
 
 
 def test_an_explicit_precision_far_slower_than_fp32_says_so_once(probe_dir, monkeypatch, capsys):
-    import nmt.device as device
+    import nmt.hw.device as device
 
     times = {"fp32": 1.0, "bf16": 30.0, "int8": 0.5}
     monkeypatch.setattr(device, "_time_precisions", lambda d, f, r: {"times": times, "spread": 1.0})
@@ -181,7 +183,7 @@ INT8_LAYER_KERNELS = ["int8-fbgemm", "int8-qnnpack", "int8-onednn", "int8-weight
 @pytest.mark.int8
 @pytest.mark.parametrize("kernel", INT8_LAYER_KERNELS)
 def test_int8_linear_rows_do_not_depend_on_the_batch_and_stay_close_to_fp32(kernel):
-    from nmt import host
+    from nmt.hw import host
     from nmt.model.convert import Int8Linear
 
     if not host.current().has(kernel):
@@ -205,7 +207,7 @@ def test_int8_linear_rows_do_not_depend_on_the_batch_and_stay_close_to_fp32(kern
 def test_weight_only_int8_quantises_with_the_scales_the_kernel_sees():
     """int8-weight hands the kernel bf16 scales; the weights are quantised with exactly those,
     so the kernel's product is the int8 weights times the scales it reads (no second rounding)."""
-    from nmt import host
+    from nmt.hw import host
     from nmt.model.convert import Int8Linear
 
     if not host.current().has("int8-weight"):
@@ -246,8 +248,8 @@ def test_probes_are_measured_per_workload_and_nested_probes_are_kept(probe_dir, 
     """The int8-kernel probe times each kernel on steps of the rows the caller decodes (one row: a
     sentence at a time; 64: batches), each its own measurement; a probe measured inside another
     (the int8 kernel inside the precision probe) is kept on disk too."""
-    import nmt.device as device
-    from nmt import host
+    import nmt.hw.device as device
+    from nmt.hw import host
 
     fake = {("int8-fbgemm", 1): 3.0, ("int8-weight", 1): 1.0, ("int8-fbgemm", 64): 2.0, ("int8-weight", 64): 4.0}
     seen: list[int] = []
@@ -316,7 +318,7 @@ def test_packing_fuses_relu_into_fc1_with_identical_outputs(activation):
 def test_the_probe_times_real_decoding_steps_of_a_model_of_the_shape(probe_dir, capsys, monkeypatch):
     """`_time_models` encodes and decodes through the model's FastDecoder (what the engine runs), and
     a probe that measures says so in one line on stderr, once."""
-    import nmt.device as device
+    import nmt.hw.device as device
     from nmt.model.fast_decoder import FastDecoder
 
     monkeypatch.setattr(device, "NOISY", math.inf)  # real timings on shared cores: kept however noisy
@@ -344,7 +346,7 @@ def test_candidates_are_timed_in_interleaved_rounds_and_a_hopeless_one_twice():
     than the best (`HOPELESS` times) is timed twice, not every round."""
     import time
 
-    from nmt import host
+    from nmt.hw import host
 
     order: list[str] = []
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nmt import checkpoint as ckpt
-from nmt import checkpoint_files as cfiles
 from nmt.config import config_to_yaml
 from nmt.errors import NmtError
 from nmt.model.transformer import build_model
+from nmt.run import checkpoints as cfiles
+from nmt.run import weights as ckpt
 from nmt.train.update import Trainer
 
 

@@ -1,7 +1,7 @@
 """`nmt export`: the one entry for every export format of a run's checkpoint.
 
-- ``ctranslate2``: a CTranslate2 model directory (`nmt.decode.ct2_export`), also the engine's cache;
-- ``argos``: an Argos Translate package around that export (`nmt.decode.argos`).
+- ``ctranslate2``: a CTranslate2 model directory (`nmt.export.ct2_model`), also the engine's cache;
+- ``argos``: an Argos Translate package around that export (`nmt.export.argos`).
 
 The dispatch lives here, above both, so that neither format's module imports the other.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nmt.decode.argos import export_argos
-from nmt.decode.ct2_export import EXPORT_FORMATS, ExportOptions, export_run
 from nmt.errors import NmtError
+from nmt.export.argos import export_argos
+from nmt.export.ct2_model import EXPORT_FORMATS, ExportOptions, export_run
 
 
 def export(opts: ExportOptions) -> Path:

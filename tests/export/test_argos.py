@@ -1,4 +1,4 @@
-"""Argos Translate packages (nmt/decode/argos.py, nmt/decode/argos_sbd.py): the package a trained
+"""Argos Translate packages (nmt/export/argos.py, nmt/export/argos_sbd.py): the package a trained
 run exports, installed into a real Argos Translate (the `test` extra) with sockets refused, its
 translations against nmt's CTranslate2 engine, the pieces of the packaging one by one, refusals.
 
@@ -24,9 +24,9 @@ from nmt.errors import NmtError
 pytest.importorskip("ctranslate2", reason="optional extra nmt[ctranslate2] is not installed")
 
 from nmt.cli import app  # noqa: E402
-from nmt.decode import argos, argos_check, argos_sbd  # noqa: E402
-from nmt.decode.ct2_export import ExportOptions  # noqa: E402
-from nmt.decode.export import export as export_run  # noqa: E402
+from nmt.export import argos, argos_check, argos_sbd  # noqa: E402
+from nmt.export.ct2_model import ExportOptions  # noqa: E402
+from nmt.export.formats import export as export_run  # noqa: E402
 
 needs_argos = pytest.mark.skipif(
     find_spec("argostranslate") is None, reason="argostranslate is not installed: pip install -e '.[test]'"
@@ -37,7 +37,7 @@ needs_minisbd = pytest.mark.skipif(
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # Traditional, full-width and compatibility forms that nmt's normalisation changes (not: the 53
-# OpenCC phrases that keep a character its own rule changes, 乾隆 …; nmt/decode/argos.py)
+# OpenCC phrases that keep a character its own rule changes, 乾隆 …; nmt/export/argos.py)
 NORMALISED = [
     "這是一個測試。",
     "我們九點見。",
@@ -107,8 +107,8 @@ def test_argos_translates_the_package_like_nmt(trained_run, package, unpacked, n
     import ctranslate2
     import sentencepiece as spm
 
-    from nmt.decode.argos_check import argos_pipeline
     from nmt.decode.evaluate import score
+    from nmt.export.argos_check import argos_pipeline
 
     src, ref = _lines(trained_run, "valid.zh"), _lines(trained_run, "valid.en")
     got = argos_check.argos_translate(package, src, tmp_path / "home", {"ARGOS_COMPUTE_TYPE": compute})
@@ -144,7 +144,7 @@ def test_argos_splits_sentences_and_normalises_offline(package, tmp_path):
 
 
 def test_package_layout_and_metadata(trained_run, package):
-    from nmt.checkpoint_files import checkpoint_step, find_inference_checkpoint
+    from nmt.run.checkpoints import checkpoint_step, find_inference_checkpoint
 
     with zipfile.ZipFile(package) as zf:
         names = set(zf.namelist())

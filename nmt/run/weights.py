@@ -13,7 +13,7 @@ Tensors that share storage (tied embeddings) are saved as separate copies becaus
 safetensors refuses shared tensors; ``model.load_state_dict`` copies into the tied
 parameter, so the tie survives a round trip.
 
-Which files a run has and which one a command loads: `nmt.checkpoint_files` (no PyTorch).
+Which files a run has and which one a command loads: `nmt.run.checkpoints` (no PyTorch).
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from nmt.checkpoint_files import (
+from nmt.config import Config, config_to_yaml
+from nmt.errors import NmtError
+from nmt.files import atomic_path
+from nmt.run.checkpoints import (
     STATE_RE,
     STEP_RE,
     checkpoint_step,
@@ -36,9 +39,6 @@ from nmt.checkpoint_files import (
     state_path,
     step_checkpoints,
 )
-from nmt.config import Config, config_to_yaml
-from nmt.errors import NmtError
-from nmt.files import atomic_path
 
 
 def unwrap(model: nn.Module) -> nn.Module:

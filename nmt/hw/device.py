@@ -17,8 +17,8 @@ its fastest kernel) rank them for `nmt doctor`, pick the int8 kernel and warn ab
 precision far slower than fp32 here.
 
 Every kernel that depends on the CPU (oneDNN packing, bf16, the int8 kernels) is used only where
-`nmt.host` found that it runs; an explicit precision that cannot run here is one error line.
-Measurements ("probes", `nmt.host.probe`) are cached per process and on disk, keyed by the CPU
+`nmt.hw.host` found that it runs; an explicit precision that cannot run here is one error line.
+Measurements ("probes", `nmt.hw.host.probe`) are cached per process and on disk, keyed by the CPU
 and the kernels it runs and stamped with the versions that change them, so that a choice is
 stable across processes on one machine; a measurement no kernel can produce (a ratio beyond
 `MAX_SPEEDUP`, repeats that disagree beyond `NOISY`: a busy machine) is measured again.
@@ -33,11 +33,12 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from nmt import BOS_ID, EOS_ID, host
+from nmt import BOS_ID, EOS_ID
 from nmt.config import ModelConfig
 from nmt.decode.options import ALONE_ROWS, BATCH_ROWS, available_cores
 from nmt.errors import NmtError
-from nmt.host import interleaved_times, probe, spread
+from nmt.hw import host
+from nmt.hw.host import interleaved_times, probe, spread
 from nmt.model.convert import INT8_KERNELS, inference_model, int8_kernels
 from nmt.model.fast_decoder import fast_decoder
 from nmt.model.transformer import Transformer
@@ -159,7 +160,7 @@ def _cuda_precision(device: torch.device, precision: str) -> str:
 
 def cpu_precisions() -> list[str]:
     """The decoding precisions this CPU runs: fp32 always, bf16 where a bf16 matmul runs at all,
-    int8 where one of the int8 kernels does (`nmt.host`)."""
+    int8 where one of the int8 kernels does (`nmt.hw.host`)."""
     here = host.current()
     return ["fp32"] + ["bf16"] * here.has("matmul-bf16") + ["int8"] * bool(int8_kernels())
 
@@ -180,7 +181,7 @@ def decode_times(shape: tuple[int, int], rows: int = BATCH_ROWS) -> dict[str, fl
     """Seconds to encode a batch of `rows` sources and decode `PROBE_STEPS` steps with a small
     Transformer of the model's d_model × ffn_dim `shape` (`_probe_model`), for each precision this
     host runs (int8 on its fastest kernel), converted and driven as the native engine converts and
-    drives a model; measured once per machine (`nmt.host.probe`), measured again when implausible.
+    drives a model; measured once per machine (`nmt.hw.host.probe`), measured again when implausible.
     Empty where no plausible measurement came (a machine busy throughout). The fastest precision
     differs with the rows: at one row a step streams every weight for matrix-vector products
     (bytes per weight and per-call work decide), at 64 rows it multiplies matrices (the kernels'
@@ -284,7 +285,7 @@ def _probe_model(d_model: int, ffn_dim: int) -> torch.nn.Module:
 
 def _time_models(models: dict[str, torch.nn.Module], rows: int) -> dict[str, object]:
     """{"times": each model's best seconds for a `_decoding_run`, "spread": the largest median /
-    best of any of them}: interleaved rounds (`nmt.host.interleaved_times`), five under 16 rows
+    best of any of them}: interleaved rounds (`nmt.hw.host.interleaved_times`), five under 16 rows
     (short, noisy runs), else three."""
     runs = {name: _decoding_run(model, rows) for name, model in models.items()}
     with torch.inference_mode():

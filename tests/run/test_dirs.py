@@ -6,7 +6,7 @@ import pytest
 from nmt.config import load_config
 from nmt.errors import NmtError
 from nmt.files import atomic_path, atomic_write_text
-from nmt.runs import (
+from nmt.run.dirs import (
     hash_files,
     init_run,
     is_fresh,
@@ -15,7 +15,7 @@ from nmt.runs import (
     write_stamp,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_atomic_write_leaves_nothing_on_failure(tmp_path):
@@ -72,8 +72,8 @@ def _model_run(root: Path, name: str, config, with_model: bool) -> Path:
     """A run dir under `root` with a saved config and, optionally, a (tiny) best checkpoint."""
     import torch
 
-    from nmt.checkpoint import save_best
     from nmt.model.transformer import build_model
+    from nmt.run.weights import save_best
 
     run_dir = init_run(config, root / name)
     if with_model:

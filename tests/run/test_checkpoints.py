@@ -1,4 +1,4 @@
-"""The safetensors header reader of nmt.checkpoint_files (no PyTorch), against the real format."""
+"""The safetensors header reader of nmt.run.checkpoints (no PyTorch), against the real format."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from nmt import checkpoint_files as cfiles
 from nmt.config import Config, config_to_yaml
 from nmt.errors import NmtError
+from nmt.run import checkpoints as cfiles
 
 
 def test_metadata_and_config_read_as_safetensors_writes_them(tmp_path):

@@ -4,7 +4,7 @@ that decodes with it is `nmt.decode.ct2`).
 Optional extra (`pip install 'nmt[ctranslate2]'`): this module imports without the package, and
 every entry point raises a one-line `NmtError` naming the extra when it is missing.
 
-Export (`export_run`; `nmt export --format ctranslate2`) converts with `nmt.decode.ct2_spec.NmtConverter`
+Export (`export_run`; `nmt export --format ctranslate2`) converts with `nmt.export.ct2_spec.NmtConverter`
 (CTranslate2's own spec API, filled from nmt's state dict; the mapping is documented there).
 
 Token i of each CTranslate2 vocabulary is SentencePiece piece i, the config adds EOS to every
@@ -38,7 +38,7 @@ try:
 except ImportError:  # the optional extra is not installed
     ctranslate2 = None
 
-EXPORT_FORMATS = ("ctranslate2", "argos")  # dispatched by nmt/decode/export.py
+EXPORT_FORMATS = ("ctranslate2", "argos")  # dispatched by nmt/export/formats.py
 MANIFEST = "manifest.json"
 EXPORT_REVISION = 1  # bump when the layout of an export changes (stale caches are rebuilt)
 INSTALL_HINT = "pip install 'nmt[ctranslate2]'"
@@ -88,8 +88,8 @@ class ExportSource:
 def resolve_source(run_dir: Path, checkpoint: Path | None, config: Config | None = None) -> ExportSource:
     """The checkpoint (default: final > best > latest), config and vocabularies of a run, as
     `Translator.from_run` finds them; the weights themselves are read only when converting."""
-    from nmt.checkpoint_files import find_inference_checkpoint, read_metadata
     from nmt.data.tokenizer import load_tokenizers
+    from nmt.run.checkpoints import find_inference_checkpoint, read_metadata
 
     run_dir = Path(run_dir)
     path = Path(checkpoint) if checkpoint is not None else find_inference_checkpoint(run_dir)
@@ -105,7 +105,7 @@ def resolve_source(run_dir: Path, checkpoint: Path | None, config: Config | None
 
 
 def _digest(src: ExportSource, quantization: str | None) -> str:
-    from nmt.runs import hash_files
+    from nmt.run.dirs import hash_files
 
     extra = {"quantization": quantization, "revision": EXPORT_REVISION, "ctranslate2": ctranslate2.__version__}
     return hash_files([src.checkpoint, src.src_model, src.tgt_model], extra)
@@ -135,9 +135,9 @@ def vocabulary_pieces(model: Path) -> list[str]:
 
 def _write_export(src: ExportSource, out: Path, quantization: str | None, digest: str) -> Path:
     """Convert into a temporary directory next to `out`, then swap it in (never half-written)."""
-    from nmt.checkpoint import load_weights
-    from nmt.checkpoint_files import checkpoint_step
-    from nmt.decode.ct2_spec import NmtConverter  # CTranslate2's converter imports PyTorch
+    from nmt.export.ct2_spec import NmtConverter  # CTranslate2's converter imports PyTorch
+    from nmt.run.checkpoints import checkpoint_step
+    from nmt.run.weights import load_weights
 
     state, _ = load_weights(src.checkpoint)
     vocabularies = (vocabulary_pieces(src.src_model), vocabulary_pieces(src.tgt_model))
@@ -182,7 +182,7 @@ def ensure_export(src: ExportSource, output: Path | None, quantization: str | No
     digest = _digest(src, quantization)
     if is_fresh(out, digest):
         return out
-    from nmt.decode.ct2_spec import check_representable  # CTranslate2's converter imports PyTorch
+    from nmt.export.ct2_spec import check_representable  # CTranslate2's converter imports PyTorch
 
     check_representable(src.config.model)
     if out.exists() and not (out / MANIFEST).is_file():
@@ -206,6 +206,6 @@ def fresh_export(run_dir: Path, checkpoint: Path) -> Path | None:
 
 def export_run(opts: ExportOptions) -> Path:
     """The CTranslate2 export directory of a run's checkpoint, written or reused; returns its path.
-    (`nmt export` goes through `nmt.decode.export`, which also knows the Argos package.)"""
+    (`nmt export` goes through `nmt.export.formats`, which also knows the Argos package.)"""
     require_ctranslate2()
     return ensure_export(resolve_source(opts.run_dir, opts.checkpoint), opts.output, opts.quantization)

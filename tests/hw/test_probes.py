@@ -9,8 +9,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-import nmt.device as device
-from nmt import host
+import nmt.hw.device as device
+from nmt.hw import host
 
 pytestmark = pytest.mark.precision
 

@@ -1,4 +1,4 @@
-"""Running an Argos Translate package (nmt/decode/argos.py) as Argos Translate 1.11 runs it.
+"""Running an Argos Translate package (nmt/export/argos.py) as Argos Translate 1.11 runs it.
 
 - `argos_translate`: the real thing. The package is installed with
   `argostranslate.package.install_from_path` into a fresh Argos Translate (its own HOME, XDG
@@ -24,8 +24,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from nmt.decode.argos_sbd import split_sentences
 from nmt.errors import NmtError
+from nmt.export.argos_sbd import split_sentences
 
 ARGOS_BEAM = 4  # argostranslate.settings.beam_size (ARGOS_BEAM_SIZE)
 ARGOS_LENGTH_PENALTY = 0.2  # fixed in argostranslate.translate

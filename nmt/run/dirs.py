@@ -85,7 +85,7 @@ def newest_model_run(root: Path = RUNS_ROOT) -> Path:
     """The run under `root` whose model files (final / best / complete step checkpoints) were
     written last: the default of every command that loads a model. Runs without a model
     (a benchmark's data-only run, a run whose training has not checkpointed yet) never are."""
-    from nmt.checkpoint_files import model_files
+    from nmt.run.checkpoints import model_files
 
     newest: tuple[float, Path] | None = None
     root = Path(root)

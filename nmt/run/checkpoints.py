@@ -2,7 +2,7 @@
 loads (`choose_inference_checkpoint`), and what their headers say (step, stored config).
 
 Reading the safetensors header directly keeps `nmt translate --engine ctranslate2` free of the
-PyTorch import (seconds of start-up); `nmt.checkpoint` writes, loads and averages the weights.
+PyTorch import (seconds of start-up); `nmt.run.weights` writes, loads and averages the weights.
 """
 
 from __future__ import annotations

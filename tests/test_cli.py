@@ -239,12 +239,12 @@ def test_eval_with_an_ensemble_and_with_sampling(tiny_run):
 
 
 def test_doctor_lists_the_kernels_and_both_workloads_choices(monkeypatch):
-    import nmt.hw.device as device
+    import nmt.decode.precision as precision
     from nmt.hw import host
 
-    times = {device.ALONE_ROWS: {"fp32": 2.0, "int8": 1.0}, device.BATCH_ROWS: {"fp32": 1.0, "int8": 1.25}}
-    monkeypatch.setattr(device, "decode_times", lambda shape, rows: times[rows])
-    monkeypatch.setattr(device, "fastest_int8_kernel", lambda shape, rows: f"kernel-for-{rows}")
+    times = {precision.ALONE_ROWS: {"fp32": 2.0, "int8": 1.0}, precision.BATCH_ROWS: {"fp32": 1.0, "int8": 1.25}}
+    monkeypatch.setattr(precision, "decode_times", lambda shape, rows: times[rows])
+    monkeypatch.setattr(precision, "fastest_int8_kernel", lambda shape, rows: f"kernel-for-{rows}")
     result = invoke("doctor")
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()

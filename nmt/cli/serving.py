@@ -86,8 +86,8 @@ def doctor(
 ) -> None:
     """What this machine runs: the CPU, each hardware-dependent kernel (or why not), and the
     decoding precisions it offers with their measured speed, one sentence at a time and in batches."""
+    from nmt.decode.precision import describe_host
     from nmt.hw import host
-    from nmt.hw.device import describe_host
 
     if refresh:
         typer.echo(f"dropped {host.refresh()} cached measurements of this machine", err=True)

@@ -271,25 +271,6 @@ def pad_sources(seqs: Sequence[Sequence[int]]) -> torch.Tensor:
     return src
 
 
-def length_groups(lengths: Sequence[int], min_rows: int = 4, ratio: float = 0.75) -> list[list[int]]:
-    """Rows of a padded batch in groups of similar length, to run separately where padding costs.
-
-    Rows are taken longest first; a group closes when it has at least `min_rows` rows and the next
-    row is shorter than `ratio` times the group's longest. One group (every row) when nothing is
-    gained. Returns lists of row indices, each longest first.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    groups: list[list[int]] = []
-    for i in order:
-        if groups and (len(groups[-1]) < min_rows or lengths[i] >= ratio * lengths[groups[-1][0]]):
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    if len(groups) > 1 and len(groups[-1]) < min_rows:  # a short tail joins the group before it
-        groups[-2].extend(groups.pop())
-    return groups
-
-
 @dataclass(frozen=True, eq=False)
 class Batch:
     """One training batch: three int64 id tensors, right-padded with PAD_ID, and the `Packing` of

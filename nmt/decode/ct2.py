@@ -46,9 +46,10 @@ from typing import Any
 
 from nmt import BOS_ID, EOS_ID, PAD_ID
 from nmt.config import Config, DecodeConfig, config_from_dict
-from nmt.decode.options import Sampling, cpu_threads
+from nmt.decode.options import Sampling
 from nmt.errors import NmtError
 from nmt.export.ct2_model import MANIFEST, ensure_export, require_ctranslate2, resolve_source, vocabulary_pieces
+from nmt.hw.cores import cpu_threads
 
 # nmt precision → CTranslate2 compute type ("default": the type the weights were saved in)
 COMPUTE_TYPES = {"auto": "default", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8"}
@@ -111,7 +112,7 @@ class CTranslate2Engine:
     def __init__(
         self, model_dir: Path, decode: DecodeConfig, device: Ct2Device, precision: str, threads: int = 0
     ) -> None:
-        """`threads`: CPU threads, fixed at load (0: `nmt.decode.options.cpu_threads`)."""
+        """`threads`: CPU threads, fixed at load (0: `nmt.hw.cores.cpu_threads`)."""
         lib = require_ctranslate2()
         manifest = json.loads((Path(model_dir) / MANIFEST).read_text(encoding="utf-8"))
         self.model_dir, self.decode, self.device = Path(model_dir), decode, device

@@ -21,15 +21,15 @@ from nmt.config import DecodeConfig
 from nmt.contracts import Found, OnDone
 from nmt.data.batching import pad_sources
 from nmt.decode.options import BATCH_ROWS, Sampling
+from nmt.decode.precision import decoding_model, model_shape, resolve_inference_precision
 from nmt.decode.search import Hypothesis, beam_search, greedy_search
-from nmt.hw.device import decoding_model, model_shape, resolve_inference_precision
 from nmt.model.fast_decoder import fast_decoder
 
 
 class NativeEngine:
     """nmt's PyTorch model on `device`, decoding in `precision` (auto | fp32 | bf16 | fp16 | int8).
 
-    'auto' is fp32 (`nmt.hw.device.resolve_inference_precision`); int8 runs on the kernel measured
+    'auto' is fp32 (`nmt.decode.precision.resolve_inference_precision`); int8 runs on the kernel measured
     fastest here for steps of `rows` rows (64: batches; 1: a sentence at a time); the model is
     converted once (bf16/fp16 weights, int8 linear layers), `self.precision` is the result.
     """

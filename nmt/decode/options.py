@@ -8,7 +8,6 @@ turns it into a working translator.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,23 +18,6 @@ DEFAULT_ENGINE = "auto"  # what every command that decodes (translate, eval, ser
 REFERENCE_PRECISION = "fp32"  # what `--precision auto` decodes in, on either engine (`nmt.decode.loading.choose`)
 BATCH_ROWS = 64  # rows of a decoding step in batches (eval, backtranslate, translate --input, serve)
 ALONE_ROWS = 1  # a sentence at a time (translate of arguments, serve --tune-for sentence)
-
-
-def available_cores() -> int:
-    """CPU cores this process may run on (its affinity mask; every core where there is none)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def cpu_threads(threads: int = 0) -> int:
-    """Intra-op threads of a decoding engine: `threads`, else $OMP_NUM_THREADS (as PyTorch reads
-    it), else every available core."""
-    if threads > 0:
-        return threads
-    env = os.environ.get("OMP_NUM_THREADS", "")
-    return int(env) if env.isdigit() and int(env) > 0 else available_cores()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,4 +57,4 @@ class InferenceOptions:
     ensemble: tuple[Path, ...] = ()  # more checkpoints decoded with `checkpoint` as one model (native engine)
     threads: int = 0  # CPU threads of the CTranslate2 engine, fixed when it loads (0: `cpu_threads`)
     rows: int = BATCH_ROWS  # rows of a typical decoding step: the native engine's int8 kernel is
-    # the one measured fastest for it (`nmt.hw.device`); ALONE_ROWS for a sentence at a time
+    # the one measured fastest for it (`nmt.decode.precision`); ALONE_ROWS for a sentence at a time

@@ -20,7 +20,7 @@ Kernels (name: what needs it; what happens without it):
   a slow reference loop on AVX2); ``int8-weight``: weight-only int8 with bf16 activations,
   ``torch.ops.aten._weight_int8pack_mm`` (it streams one byte per weight, the fastest for the
   one-row steps of a sentence decoded alone). int8 decoding uses the fastest one measured here
-  (`nmt.hw.device`); with none, int8 is refused and ``auto`` never picks it.
+  (`nmt.decode.precision`); with none, int8 is refused and ``auto`` never picks it.
 
 Tests and users simulate a host without some kernels through ``NMT_HOST_WITHOUT`` (a comma list
 of kernel names or of the presets in `PRESETS`, e.g. ``NMT_HOST_WITHOUT=avx2-only``), which
@@ -285,6 +285,27 @@ def spread(times: list[float]) -> float:
 
 
 # --------------------------------------------------------------------------- the probe cache
+
+NOISY = 1.5  # repeats whose median is this many times their best were slowed by other work (see `steady`)
+
+
+def steady(measured: dict) -> str:
+    """'' when the repeats of every candidate agreed, else why not. On an idle machine the runs of
+    one candidate differ by a few percent (caches, clock changes); a median `NOISY` × the best
+    means that most runs were slowed by other work on the cores, which does not slow every
+    candidate alike, so their ratios are not the kernels'."""
+    positive_times(measured)
+    noise = float(measured["spread"])
+    return f"its repeats disagree (median {noise:.1f}x the best: a busy machine)" if noise > NOISY else ""
+
+
+def positive_times(measured: dict) -> dict[str, float]:
+    """The "times" of a measurement, checked: names to positive seconds (TypeError otherwise)."""
+    times = measured["times"]
+    if not isinstance(times, dict) or not all(isinstance(t, int | float) and t > 0 for t in times.values()):
+        raise TypeError(f"times must map names to positive seconds, not {times!r}")
+    return times
+
 
 SCHEMA = 2  # the layout of probes.json; a file of another layout is measured anew and rewritten
 KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")  # variables that change which kernels PyTorch runs

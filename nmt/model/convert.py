@@ -5,7 +5,7 @@ every weight at every decoding step); ``int8`` turns every linear layer into an 
 tied output projection included; on a CPU, fp32 and bf16 linear layers get their weights
 pre-packed for oneDNN (`PackedLinear`). Each kernel is used only where `nmt.hw.host` found that it
 runs on this machine; otherwise the layer stays a plain ``nn.Linear`` (packing), or int8 uses the
-next kernel that runs. Which precision to decode in is `nmt.hw.device.resolve_inference_precision`.
+next kernel that runs. Which precision to decode in is `nmt.decode.precision.resolve_inference_precision`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def inference_model(
 ) -> torch.nn.Module:
     """`model` on `device` in eval mode, converted for decoding in the resolved `precision`
     (fp32 | bf16 | fp16 | int8). `int8_kernel`: one of `INT8_KERNELS` (default: the first that
-    runs here; `nmt.hw.device.fastest_int8_kernel` measures which is fastest)."""
+    runs here; `nmt.decode.precision.fastest_int8_kernel` measures which is fastest)."""
     model = model.to(device).eval()
     if not isinstance(model, torch.nn.Module):  # a duck-typed decoding model (tests): used as it is
         return model
@@ -43,7 +43,7 @@ def inference_model(
 
 def int8_kernels() -> list[str]:
     """The int8 kernels that run on this host, in order of preference when nothing was measured;
-    empty where none does (then int8 decoding is refused, `nmt.hw.device`)."""
+    empty where none does (then int8 decoding is refused, `nmt.decode.precision`)."""
     here = host.current()
     return [k for k in INT8_KERNELS if here.has(k)]
 

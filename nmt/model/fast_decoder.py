@@ -17,7 +17,7 @@ So its logits are the reference's bit for bit (tests/model/test_fast_decoder.py)
 beam search find the same tokens with the same scores. It decodes pre-norm models (every shipped
 config); `fast_decoder` gives an ensemble's members theirs and returns the model itself for
 post-norm models and for anything else (a test's stand-in). It is built after the model is converted for
-decoding (`nmt.hw.device.decoding_model`) and holds no weights of its own.
+decoding (`nmt.decode.precision.decoding_model`) and holds no weights of its own.
 """
 
 from __future__ import annotations

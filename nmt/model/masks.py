@@ -9,10 +9,14 @@ Two conventions, never mixed:
 where the real tokens are, int32 cu_seqlens and the longest length. The batch builder
 (`nmt.data.batching.collate`) computes it on the host from the lengths it already knows, so that
 no attention call has to read them back from the device.
+
+`length_groups` splits the rows of a padded batch into groups of similar length, for the work
+(the encoder of a decoding batch) where padding costs more than a second call.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -85,3 +89,22 @@ def packing_from_lengths(lengths: list[int], width: int) -> Packing:
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu[1:] = n.cumsum(0)
     return Packing(real.flatten().nonzero().squeeze(1), cu, max(lengths, default=0), width)
+
+
+def length_groups(lengths: Sequence[int], min_rows: int = 4, ratio: float = 0.75) -> list[list[int]]:
+    """Rows of a padded batch in groups of similar length, to run separately where padding costs.
+
+    Rows are taken longest first; a group closes when it has at least `min_rows` rows and the next
+    row is shorter than `ratio` times the group's longest. One group (every row) when nothing is
+    gained. Returns lists of row indices, each longest first.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and (len(groups[-1]) < min_rows or lengths[i] >= ratio * lengths[groups[-1][0]]):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    if len(groups) > 1 and len(groups[-1]) < min_rows:  # a short tail joins the group before it
+        groups[-2].extend(groups.pop())
+    return groups

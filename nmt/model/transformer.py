@@ -21,11 +21,10 @@ from torch import Tensor, nn
 
 from nmt import PAD_ID
 from nmt.config import Config, ModelConfig
-from nmt.data.batching import length_groups
 from nmt.errors import NmtError
 from nmt.model.attention import MultiHeadAttention, resolve_backend
 from nmt.model.kv_cache import DecoderState, KVCache
-from nmt.model.masks import Packing, cross_attention_bias, padding_mask
+from nmt.model.masks import Packing, cross_attention_bias, length_groups, padding_mask
 
 
 @dataclass
@@ -224,7 +223,7 @@ class Transformer(nn.Module):
 
     def encode_by_length(self, src: Tensor) -> EncoderOut:
         """`encode` for decoding a batch of mixed lengths (e.g. a server's batch in arrival order):
-        rows run in groups of similar length (`nmt.data.batching.length_groups`), so that short sources
+        rows run in groups of similar length (`nmt.model.masks.length_groups`), so that short sources
         do not pay for the longest one's padding. Real positions get what `encode` gives them; what
         `memory` holds at padding differs (the masks never read it). src (B, S) → memory (B, S, D),
         src_pad (B, S)."""

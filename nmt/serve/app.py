@@ -86,7 +86,7 @@ class Service:
         `auto_workers`): one in this process, or several in child processes that share the cores
         (cores // workers intra-op threads each, set after loading so that the int8 kernel
         resolves as for `nmt translate` and the answers equal what it prints); nmt/serve/workers.py."""
-        from nmt.decode.options import available_cores
+        from nmt.hw.cores import available_cores
 
         count = limits.batch.workers or auto_workers(opts, run_dir)
         limits = replace(limits, batch=replace(limits.batch, workers=count))
@@ -199,7 +199,7 @@ def auto_workers(opts: Any, run_dir: Path | None = None) -> int:
     (named, or chosen by `--engine auto`: `nmt.decode.loading.resolve_engine`) 1 (it keeps its
     own threads)."""
     from nmt.decode.loading import resolve_engine
-    from nmt.decode.options import available_cores
+    from nmt.hw.cores import available_cores
     from nmt.hw.device import resolve_device
 
     engine = opts.engine

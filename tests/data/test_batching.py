@@ -12,7 +12,6 @@ from nmt.data.batching import (
     TokenBatchSampler,
     WindowSampler,
     collate,
-    length_groups,
     load_batch,
     pad_sources,
 )
@@ -259,22 +258,3 @@ def test_pad_sources_is_the_one_source_batch():
     assert engines.pad_sources is pad_sources  # the decoding engines use the same function
     pairs = [(np.array(s, dtype=np.int32), np.array([9], dtype=np.int32)) for s in seqs]
     assert torch.equal(collate(pairs).src, src)  # and so does training's collate
-
-
-def test_length_groups_split_mixed_lengths_and_keep_even_ones_whole():
-    mixed = [3, 30, 9, 12, 28, 4, 10, 29, 3, 11, 27, 5]
-    groups = length_groups(mixed)
-    assert sorted(i for g in groups for i in g) == list(range(len(mixed)))  # every row once
-    assert [[mixed[i] for i in g] for g in groups] == [[30, 29, 28, 27], [12, 11, 10, 9], [5, 4, 3, 3]]
-    assert length_groups([10, 9, 10, 8, 9, 10, 9, 8]) == [[0, 2, 5, 1, 4, 6, 3, 7]]  # nothing to gain: one group
-
-
-def test_length_groups_never_leave_a_group_below_min_rows():
-    groups = length_groups([40, 2, 38, 39, 37, 36, 3], min_rows=4)  # the two short rows join the long group
-    assert len(groups) == 1 and len(groups[0]) == 7
-    for lengths in ([1], [5, 1], list(range(1, 30)), [50] * 3 + [1] * 9):
-        groups = length_groups(lengths, min_rows=3)
-        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
-        assert len(groups) == 1 or min(len(g) for g in groups) >= 3
-        for g in groups:
-            assert [lengths[i] for i in g] == sorted((lengths[i] for i in g), reverse=True)

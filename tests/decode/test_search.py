@@ -474,7 +474,7 @@ def test_converted_fp32_search_equals_the_plain_path(trained_transformer, batch)
     scores up to rounding, for greedy and beam search, whatever the batch size."""
     import copy
 
-    from nmt.hw.device import inference_model
+    from nmt.model.convert import inference_model
 
     fast = inference_model(copy.deepcopy(trained_transformer), torch.device("cpu"), "fp32")
     plain = Uncached(trained_transformer)
@@ -496,7 +496,7 @@ def test_decoding_precisions_on_the_trained_transformer(trained_transformer):
     once by the native engine) mostly agree with it and still solve the task."""
     import copy
 
-    from nmt.hw.device import inference_model
+    from nmt.model.convert import inference_model
 
     src, _, _ = _reverse_batch(16, torch.Generator().manual_seed(4))
     expected = greedy_search(trained_transformer, src)

@@ -110,7 +110,7 @@ def test_measurements_are_not_shared_between_hosts_with_different_kernels(monkey
 
 @pytest.mark.parametrize("preset", SIMULATED)
 def test_auto_is_fp32_and_int8_runs_on_a_kernel_the_host_has(monkeypatch, preset):
-    from nmt.hw.device import cpu_precisions, fastest_int8_kernel, resolve_inference_precision
+    from nmt.decode.precision import cpu_precisions, fastest_int8_kernel, resolve_inference_precision
 
     here = simulate(monkeypatch, preset)
     assert resolve_inference_precision(torch.device("cpu"), "auto", (32, 64)) == "fp32" in cpu_precisions()
@@ -119,7 +119,7 @@ def test_auto_is_fp32_and_int8_runs_on_a_kernel_the_host_has(monkeypatch, preset
 
 
 def test_bf16_survives_the_real_avx2_failure(failing_bf16_packing):
-    from nmt.hw.device import resolve_inference_precision
+    from nmt.decode.precision import resolve_inference_precision
     from nmt.model.convert import PackedLinear, inference_model
 
     assert resolve_inference_precision(torch.device("cpu"), "bf16", (32, 64)) == "bf16"  # runs, unpacked
@@ -129,7 +129,7 @@ def test_bf16_survives_the_real_avx2_failure(failing_bf16_packing):
 
 
 def test_a_precision_that_cannot_run_is_one_line_naming_why(monkeypatch):
-    from nmt.hw.device import resolve_inference_precision
+    from nmt.decode.precision import resolve_inference_precision
 
     simulate(monkeypatch, "matmul-bf16,int8-fbgemm,int8-qnnpack,int8-onednn,int8-weight")
     for precision in ("bf16", "int8"):

@@ -9,7 +9,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-import nmt.hw.device as device
+import nmt.decode.precision as precision
 from nmt.hw import host
 
 pytestmark = pytest.mark.precision
@@ -75,7 +75,7 @@ def test_a_corrupted_cache_file_is_measured_again_and_rewritten(cache, content, 
 
 
 def test_a_malformed_entry_or_result_is_measured_again(cache):
-    check = device._plausible_precisions
+    check = precision._plausible_precisions
     host.probe("fake", Counted(PLAUSIBLE), check=check)
     stored = json.loads(cache.read_text(encoding="utf-8"))
     (key,) = stored["probes"]
@@ -124,8 +124,8 @@ def test_a_ratio_no_kernel_gives_is_discarded_and_measured_again(cache, monkeypa
     """The issue's AMX figure: bf16 40× faster than fp32 (an fp32 run slowed by other work)."""
     calls = []
     results = [{"times": {"fp32": 4.0, "bf16": 0.1}, "spread": 1.0}, PLAUSIBLE]
-    monkeypatch.setattr(device, "_time_precisions", lambda d, f, rows: calls.append(rows) or results[len(calls) - 1])
-    assert device.decode_times((8, 16), 64) == PLAUSIBLE["times"] and len(calls) == 2
+    monkeypatch.setattr(precision, "_time_precisions", lambda d, f, rows: calls.append(rows) or results[len(calls) - 1])
+    assert precision.decode_times((8, 16), 64) == PLAUSIBLE["times"] and len(calls) == 2
     (entry,) = entries(cache).values()
     assert entry["result"] == PLAUSIBLE  # only the plausible one was kept
 
@@ -134,36 +134,36 @@ def test_repeats_that_disagree_are_discarded_and_measured_again(cache, monkeypat
     """The issue's busy EPYC: bf16 at 0.06× fp32 while a training job ran (repeats far apart)."""
     busy = {"times": {"fp32": 0.01, "bf16": 0.166}, "spread": 4.0}
     results = iter([busy, busy, PLAUSIBLE])
-    monkeypatch.setattr(device, "_time_precisions", lambda d, f, rows: next(results))
-    assert device.decode_times((8, 16), 1) == PLAUSIBLE["times"]
+    monkeypatch.setattr(precision, "_time_precisions", lambda d, f, rows: next(results))
+    assert precision.decode_times((8, 16), 1) == PLAUSIBLE["times"]
 
 
 def test_a_machine_busy_throughout_falls_back_in_one_line_and_caches_nothing(cache, monkeypatch, capsys):
     calls = []
     busy = {"times": {"fp32": 1.0, "int8": 0.05}, "spread": 1.0}  # int8 20× faster: implausible
-    monkeypatch.setattr(device, "_time_precisions", lambda d, f, rows: calls.append(rows) or busy)
-    assert device.decode_times((8, 16), 64) == {} and len(calls) == host.MEASURE_TRIES
+    monkeypatch.setattr(precision, "_time_precisions", lambda d, f, rows: calls.append(rows) or busy)
+    assert precision.decode_times((8, 16), 64) == {} and len(calls) == host.MEASURE_TRIES
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "int8 measured 20.0x faster than fp32" in warnings[0]
     assert "fp32" in warnings[0]  # what it does instead
     assert not cache.exists()  # measured again by the next process
-    assert device.resolve_inference_precision(device.torch.device("cpu"), "auto", (8, 16)) == "fp32"
-    assert device.resolve_inference_precision(device.torch.device("cpu"), "fp32", (8, 16)) == "fp32"
+    assert precision.resolve_inference_precision(precision.torch.device("cpu"), "auto", (8, 16)) == "fp32"
+    assert precision.resolve_inference_precision(precision.torch.device("cpu"), "fp32", (8, 16)) == "fp32"
 
 
 def test_an_implausible_entry_cached_by_an_older_nmt_is_measured_again(cache, monkeypatch):
     host.probe("cpu-decode-times 8x16 rows 64 decoder", lambda: {"times": {"fp32": 4.0, "bf16": 0.1}, "spread": 1})
-    monkeypatch.setattr(device, "_time_precisions", lambda d, f, rows: PLAUSIBLE)
+    monkeypatch.setattr(precision, "_time_precisions", lambda d, f, rows: PLAUSIBLE)
     host._PROBES.clear()
-    assert device.decode_times((8, 16), 64) == PLAUSIBLE["times"]
+    assert precision.decode_times((8, 16), 64) == PLAUSIBLE["times"]
 
 
 def test_the_int8_kernel_falls_back_to_the_first_that_runs_when_never_steady(cache, monkeypatch):
-    monkeypatch.setattr(device, "int8_kernels", lambda: ["int8-fbgemm", "int8-weight"])
+    monkeypatch.setattr(precision, "int8_kernels", lambda: ["int8-fbgemm", "int8-weight"])
     noisy = {"times": {"int8-fbgemm": 2.0, "int8-weight": 1.0}, "spread": 3.0}
-    monkeypatch.setattr(device, "_time_models", lambda models, rows: noisy)
-    monkeypatch.setattr(device, "inference_model", lambda *a: None)
-    assert device.fastest_int8_kernel((8, 16), 1) == "int8-fbgemm"  # not the "faster" int8-weight
+    monkeypatch.setattr(precision, "_time_models", lambda models, rows: noisy)
+    monkeypatch.setattr(precision, "inference_model", lambda *a: None)
+    assert precision.fastest_int8_kernel((8, 16), 1) == "int8-fbgemm"  # not the "faster" int8-weight
 
 
 # --------------------------------------------------------------------------- nmt doctor --refresh
@@ -186,8 +186,8 @@ def test_doctor_refresh_measures_anew(cache, monkeypatch):
     from nmt.cli import app
 
     calls = []
-    monkeypatch.setattr(device, "_time_precisions", lambda d, f, rows: calls.append(rows) or PLAUSIBLE)
-    monkeypatch.setattr(device, "fastest_int8_kernel", lambda shape, rows: "int8-weight")
+    monkeypatch.setattr(precision, "_time_precisions", lambda d, f, rows: calls.append(rows) or PLAUSIBLE)
+    monkeypatch.setattr(precision, "fastest_int8_kernel", lambda shape, rows: "int8-weight")
     runner = CliRunner()
     first = runner.invoke(app, ["doctor"])
     assert first.exit_code == 0, first.output

@@ -85,7 +85,7 @@ def test_fast_step_equals_the_reference_step_bit_for_bit(batch, beam):
 @pytest.mark.int8
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
 def test_fast_step_equals_the_reference_step_in_other_precisions(precision):
-    from nmt.hw.device import cpu_precisions
+    from nmt.decode.precision import cpu_precisions
     from nmt.model.convert import int8_kernels
 
     if precision not in cpu_precisions():

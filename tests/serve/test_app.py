@@ -21,12 +21,10 @@ from fastapi.testclient import TestClient  # noqa: E402
 from serving import alive, child_pids, fail_on, interrupt, request, start_server, stop  # noqa: E402
 
 from nmt.config import load_config  # noqa: E402
-from nmt.decode.options import (
-    InferenceOptions,  # noqa: E402
-    available_cores,  # noqa: E402
-)
+from nmt.decode.options import InferenceOptions  # noqa: E402
 from nmt.decode.translator import Translator  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
+from nmt.hw.cores import available_cores  # noqa: E402
 from nmt.run.checkpoints import read_metadata  # noqa: E402
 from nmt.serve.app import ServeLimits, Service, auto_workers, create_app  # noqa: E402
 from nmt.serve.batcher import BatchLimits, Decoding  # noqa: E402

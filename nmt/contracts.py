@@ -78,7 +78,7 @@ class Engine(Protocol):
         ...
 
 
-class Tokenizer(Protocol):
+class TokenizerLike(Protocol):
     """One side's SentencePiece model (`nmt.data.tokenizer.Tokenizer`)."""
 
     def encode(self, text: str) -> list[int]: ...

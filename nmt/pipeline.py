@@ -18,7 +18,7 @@ from typing import TypeVar
 from nmt.config import Config, config_to_dict, stamp_sections
 from nmt.errors import NmtError
 from nmt.files import atomic_write_text
-from nmt.run.dirs import hash_files, is_fresh, stamp_path, write_stamp
+from nmt.run.stamps import hash_files, stage_is_done, stamp_path, write_stamp
 
 T = TypeVar("T")
 
@@ -142,7 +142,7 @@ def train_stage(config: Config, run_dir: Path) -> str:
     from nmt.train.loop import train
 
     digest = _train_digest(config, run_dir)
-    if is_fresh(run_dir, "train", digest):
+    if stage_is_done(run_dir, "train", digest):
         return "skipped"
     # A stamp with other inputs means the data or the model changed after a finished run:
     # its checkpoints belong to the old inputs, so start over. No stamp: resume.
@@ -166,7 +166,7 @@ def select_stage(config: Config, run_dir: Path) -> str:
     trained = sorted(ckpt_dir.glob("step_*.safetensors")) + sorted(ckpt_dir.glob("best.safetensors"))
     digest = hash_files(trained, "select")
     final = ckpt_dir / "final.safetensors"
-    if final.is_file() and is_fresh(run_dir, "select", digest):
+    if final.is_file() and stage_is_done(run_dir, "select", digest):
         return "skipped"
     candidates = {"averaged": average_last(run_dir, config.train.keep_last, ckpt_dir / "averaged.safetensors").path}
     if (ckpt_dir / "best.safetensors").is_file():
@@ -192,7 +192,7 @@ def eval_stage(config: Config, run_dir: Path) -> tuple[str, dict]:
     final = run_dir / "checkpoints" / "final.safetensors"
     digest = hash_files([final], {"decode": config_to_dict(config)["decode"]})
     report_path = run_dir / "eval" / "test.json"
-    if is_fresh(run_dir, "eval", digest) and report_path.is_file():
+    if stage_is_done(run_dir, "eval", digest) and report_path.is_file():
         return "skipped", json.loads(report_path.read_text(encoding="utf-8"))
     report = evaluate_run(
         config, run_dir, EvalJob(split="test", name="test"), InferenceOptions(run_dir=run_dir, checkpoint=final)

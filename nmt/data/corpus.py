@@ -47,7 +47,7 @@ from nmt.data.recipes import SPLITS, BadLines, Recipe, get_recipe
 from nmt.data.sample import sample_masks
 from nmt.errors import NmtError
 from nmt.files import atomic_path
-from nmt.run.dirs import clear_stamp, hash_files, is_fresh, write_stamp
+from nmt.run.stamps import clear_stamp, hash_files, stage_is_done, write_stamp
 
 TRAIN_RULES = ("bad_line", "empty", "too_long", "ratio", "overlap", "duplicate", "subsampled")
 
@@ -309,7 +309,7 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
         extra={"data": settings, "recipe": dataclasses.asdict(recipe), "kinds": [s.kind for s in sources.values()]},
     )
     names = _output_names(data, _codes_source(sources, recipe))
-    if is_fresh(run_dir, "download", digest) and all((out / n).is_file() for n in names):
+    if stage_is_done(run_dir, "download", digest) and all((out / n).is_file() for n in names):
         Console(stderr=True).print(f"corpus: {out} is up to date (skipped)")
         return json.loads((out / "stats.json").read_text(encoding="utf-8"))
     clear_stamp(run_dir, "download")

@@ -58,7 +58,8 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.data.vocab_sample import draw_sample
 from nmt.errors import NmtError
 from nmt.files import atomic_path
-from nmt.run.dirs import checkpoint_run, clear_stamp, hash_files, is_fresh, stamp_path, write_stamp
+from nmt.run.dirs import checkpoint_run
+from nmt.run.stamps import clear_stamp, hash_files, stage_is_done, stamp_path, write_stamp
 
 _META_PIECES = 4  # pad, unk, bos, eos
 _BYTE_PIECES = 256
@@ -398,7 +399,7 @@ def build_vocab(config: Config, run_dir: Path) -> dict:
     settings = {k: v for k, v in stamped["data"].items() if k != "mirror"}
     reused = _source_models(config) if config.train.init_from else []
     digest = hash_files(corpus + reused, extra={"vocab": stamped["vocab"], "data": settings})
-    if is_fresh(run_dir, "vocab", digest) and all(p.is_file() for p in _outputs(run_dir, langs)):
+    if stage_is_done(run_dir, "vocab", digest) and all(p.is_file() for p in _outputs(run_dir, langs)):
         Console(stderr=True).print(f"vocab: {run_dir / 'vocab'} is up to date (skipped)")
         return json.loads(stamp_path(run_dir, "vocab").read_text(encoding="utf-8"))["report"]
     clear_stamp(run_dir, "vocab")

@@ -31,7 +31,8 @@ from nmt.decode.options import InferenceOptions
 from nmt.decode.translator import Translator
 from nmt.errors import NmtError
 from nmt.files import atomic_write_json
-from nmt.run.dirs import checkpoint_run, hash_files
+from nmt.run.dirs import checkpoint_run
+from nmt.run.stamps import hash_files
 
 PARTIAL, PROGRESS, OUTPUT, STATS = "train.jsonl.partial", "progress.json", "train.jsonl", "stats.json"
 

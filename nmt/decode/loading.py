@@ -1,6 +1,8 @@
-"""How a `Translator` gets its engine: which engine and precision (`choose`: the one rule of every
-command, so that they answer alike), on which device, with which config, and the native model
-(one checkpoint or an ensemble) built from a checkpoint.
+"""How a `Translator` gets its engine: `load` is the one function that builds it, and returns what
+it built (`Loaded`: the engine, both tokenizers, the config, the checkpoint and the line that
+says so). On the way: which engine and precision (`choose`: the one rule of every command, so
+that they answer alike), on which device, with which config, and the native model (one
+checkpoint or an ensemble) built from a checkpoint.
 
 PyTorch is imported only on the native path: the CTranslate2 path of `nmt translate` never
 imports it (start-up in a fraction of a second).
@@ -15,11 +17,67 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nmt.config import Config, load_config
+from nmt.contracts import Engine, TokenizerLike
 from nmt.decode.options import ENGINES, REFERENCE_PRECISION, InferenceOptions, Sampling
 from nmt.errors import NmtError
 
 if TYPE_CHECKING:
     import torch
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What `load` built: the engine, the source and target tokenizers, the config the engine
+    decodes with, the checkpoint (or export directory) it read, and what to say of it."""
+
+    engine: Engine
+    src_tok: TokenizerLike
+    tgt_tok: TokenizerLike
+    config: Config
+    checkpoint: Path
+    said: str  # 'loaded <checkpoint> (step N; why); --engine auto: ctranslate2'
+
+
+def load(opts: InferenceOptions, run_dir: Path, config: Config | None = None) -> Loaded:
+    """The engine of `opts` for `run_dir`, on the engine and precision of `choose` (the same for
+    every command), with the run's tokenizers and the config of `inference_config`; an export
+    directory named as the checkpoint brings its own vocabularies and config."""
+    from nmt.data.tokenizer import load_tokenizers
+    from nmt.run.checkpoints import choose_inference_checkpoint, describe_checkpoint, read_config
+
+    picked = choose(opts, run_dir)
+    opts = dataclasses.replace(opts, precision=picked.precision)
+    if picked.name == "ctranslate2" and is_export(opts.checkpoint):
+        export = Path(opts.checkpoint)
+        engine, src_tok, tgt_tok, config = ct2_from_export(
+            export, config, opts.device, opts.precision, opts.sampling, opts.threads
+        )
+        return Loaded(engine, src_tok, tgt_tok, config, export, f"loaded {export} (an nmt export){picked.note}")
+    dev = device_for(picked.name, opts.device, opts.sampling)
+    choice = choose_inference_checkpoint(run_dir) if opts.checkpoint is None else None
+    path = Path(opts.checkpoint) if choice is None else choice.path
+    config = inference_config(run_dir, config, read_config(path), dev.type)
+    src_tok, tgt_tok = load_tokenizers(run_dir, config)
+    if picked.name == "ctranslate2":
+        engine = _ct2_engine(picked, run_dir, path, config, dev, opts)
+    else:
+        from nmt.decode.engines import NativeEngine
+
+        sizes = (src_tok.vocab_size, tgt_tok.vocab_size)
+        model = native_model(config, sizes, path, run_dir, opts.ensemble, dev.type)
+        engine = NativeEngine(model, config.decode, dev, opts.precision, opts.rows)
+    why = choice.reason if choice else "named explicitly"
+    return Loaded(engine, src_tok, tgt_tok, config, path, describe_checkpoint(path, why) + picked.note)
+
+
+def _ct2_engine(picked: EngineChoice, run_dir: Path, path: Path, config: Config, dev: Any, opts: InferenceOptions):
+    """The CTranslate2 engine of checkpoint `path`: the export `--engine auto` found current, else
+    the run's export of it (written where missing or stale)."""
+    from nmt.decode.ct2 import CTranslate2Engine
+
+    if picked.export is not None:
+        return CTranslate2Engine(picked.export, config.decode, dev, opts.precision, opts.threads)
+    return CTranslate2Engine.from_checkpoint(run_dir, path, config, dev, opts.precision, opts.threads)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ holds n lines `score<TAB>text` (best first; score = the beam's length-normalised
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import sys
 import threading
@@ -37,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from nmt import BOS_ID, EOS_ID, PAD_ID
 from nmt.config import Config
-from nmt.contracts import Engine, Tokenizer
+from nmt.contracts import Engine, TokenizerLike
 from nmt.data.passthrough import Masked, mask, masker, restore
 from nmt.decode.options import InferenceOptions, Sampling
 from nmt.errors import NmtError
@@ -72,8 +71,8 @@ class Translator:
     def __init__(
         self,
         model: torch.nn.Module | None,
-        src_tok: Tokenizer,
-        tgt_tok: Tokenizer,
+        src_tok: TokenizerLike,
+        tgt_tok: TokenizerLike,
         config: Config,
         device: torch.device | str = "cpu",
         precision: str = "fp32",
@@ -124,51 +123,17 @@ class Translator:
 
     @classmethod
     def _load(cls, run_dir: Path, opts: InferenceOptions, config: Config | None) -> Translator:
-        """The translator of `opts` for `run_dir`, on the engine and precision of
-        `nmt.decode.loading.choose` (the same for every command); says on stderr what it loaded
-        and how it decodes: 'loaded <checkpoint> (step N; why); --engine auto: ctranslate2; ctranslate2 fp32'."""
-        from nmt.data.tokenizer import load_tokenizers
-        from nmt.decode import loading
-        from nmt.run.checkpoints import choose_inference_checkpoint, describe_checkpoint, read_config
+        """The translator around what `nmt.decode.loading.load` built for `opts` and `run_dir`; says
+        on stderr what it loaded and how it decodes: 'loaded <checkpoint> (step N; why); --engine
+        auto: ctranslate2; ctranslate2 fp32'."""
+        from nmt.decode.loading import load
 
-        picked = loading.choose(opts, run_dir)
-        opts = dataclasses.replace(opts, precision=picked.precision)
-        if picked.name == "ctranslate2" and loading.is_export(opts.checkpoint):
-            return cls._from_export(Path(opts.checkpoint), opts, config, picked.note)
-        dev = loading.device_for(picked.name, opts.device, opts.sampling)
-        choice = choose_inference_checkpoint(run_dir) if opts.checkpoint is None else None
-        path = Path(opts.checkpoint) if choice is None else choice.path
-        config = loading.inference_config(run_dir, config, read_config(path), dev.type)
-        src_tok, tgt_tok = load_tokenizers(run_dir, config)
-        model, engine = None, None
-        if picked.name == "ctranslate2":
-            from nmt.decode.ct2 import CTranslate2Engine
-
-            if picked.export is not None:  # found current by --engine auto
-                engine = CTranslate2Engine(picked.export, config.decode, dev, opts.precision, opts.threads)
-            else:
-                engine = CTranslate2Engine.from_checkpoint(run_dir, path, config, dev, opts.precision, opts.threads)
-        else:
-            from nmt.decode.engines import NativeEngine
-
-            sizes = (src_tok.vocab_size, tgt_tok.vocab_size)
-            model = loading.native_model(config, sizes, path, run_dir, opts.ensemble, dev.type)
-            engine = NativeEngine(model, config.decode, dev, opts.precision, opts.rows)
-        translator = cls(model, src_tok, tgt_tok, config, checkpoint=path, engine=engine)
+        loaded = load(opts, run_dir, config)
+        translator = cls(
+            None, loaded.src_tok, loaded.tgt_tok, loaded.config, checkpoint=loaded.checkpoint, engine=loaded.engine
+        )
         translator.sampling = opts.sampling
-        why = choice.reason if choice else "named explicitly"
-        print(describe_checkpoint(path, why) + picked.note + f"; {decodes_with(engine)}", file=sys.stderr)
-        return translator
-
-    @classmethod
-    def _from_export(cls, export: Path, opts: InferenceOptions, config: Config | None, note: str = "") -> Translator:
-        """A CTranslate2 model directory named as the checkpoint: its own vocabularies and config."""
-        from nmt.decode import loading
-
-        found = loading.ct2_from_export(export, config, opts.device, opts.precision, opts.sampling, opts.threads)
-        translator = cls(None, *found[1:], checkpoint=export, engine=found[0])
-        translator.sampling = opts.sampling
-        print(f"loaded {export} (an nmt export){note}; {decodes_with(found[0])}", file=sys.stderr)
+        print(f"{loaded.said}; {decodes_with(loaded.engine)}", file=sys.stderr)
         return translator
 
     # ----------------------------------------------------------------------- public API

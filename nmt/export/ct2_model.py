@@ -105,7 +105,7 @@ def resolve_source(run_dir: Path, checkpoint: Path | None, config: Config | None
 
 
 def _digest(src: ExportSource, quantization: str | None) -> str:
-    from nmt.run.dirs import hash_files
+    from nmt.run.stamps import hash_files
 
     extra = {"quantization": quantization, "revision": EXPORT_REVISION, "ctranslate2": ctranslate2.__version__}
     return hash_files([src.checkpoint, src.src_model, src.tgt_model], extra)
@@ -116,7 +116,7 @@ def default_export_dir(run_dir: Path, checkpoint: Path, quantization: str | None
     return Path(run_dir) / "export" / f"ct2-{Path(checkpoint).stem}-{quantization or 'float32'}"
 
 
-def is_fresh(out: Path, digest: str) -> bool:
+def export_is_current(out: Path, digest: str) -> bool:
     """True when `out` holds a complete export of the same inputs (its manifest digest)."""
     try:
         manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
@@ -180,7 +180,7 @@ def ensure_export(src: ExportSource, output: Path | None, quantization: str | No
         raise NmtError(f"--quantization {quantization!r}: expected one of {' | '.join(quantizations())}")
     out = Path(output) if output is not None else default_export_dir(src.run_dir, src.checkpoint, quantization)
     digest = _digest(src, quantization)
-    if is_fresh(out, digest):
+    if export_is_current(out, digest):
         return out
     from nmt.export.ct2_spec import check_representable  # CTranslate2's converter imports PyTorch
 
@@ -201,7 +201,7 @@ def fresh_export(run_dir: Path, checkpoint: Path) -> Path | None:
         return None
     src = resolve_source(run_dir, checkpoint)
     out = default_export_dir(src.run_dir, src.checkpoint, None)
-    return out if is_fresh(out, _digest(src, None)) else None
+    return out if export_is_current(out, _digest(src, None)) else None
 
 
 def export_run(opts: ExportOptions) -> Path:

@@ -1,41 +1,17 @@
-"""Run directories and stage stamps (atomic writes: `nmt.files`).
-
-A run directory (`runs/<name>/`) holds everything one experiment made:
-
-    config.yaml                resolved config
-    corpus/{train,valid,test}.{zh,en}, corpus/stats.json, corpus/test.codes (optional)
-    vocab/{zh,en}.model        SentencePiece models
-    bin/{split}.{zh,en}.npy    int32 token ids, and {split}.{zh,en}.offsets.npy
-    checkpoints/               step_<N>.safetensors + step_<N>.state.pt, best.safetensors
-    tb/, train.log, eval/
-
-`runs/latest` is a symlink to the run that a stage command (download, vocab, train,
-pipeline) last set up under `runs/`; stage commands given neither `--config` nor `--run`
-use it. Commands that load a model (translate, eval, average, serve) default instead to
-the newest run under `runs/` that has a model (`newest_model_run`), so a benchmark or a
-run still preparing its data never takes over the default. Runs outside `runs/` never
-touch a `latest` link. Each stage writes a stamp
-(`<stage>.stamp.json`) holding the hash of its inputs, so a finished stage is skipped and
-a stale one is redone.
-"""
+"""Where a run lives: `runs/<name>/` named by a config or `--run`, `runs/latest`, the newest run
+with a model, and a run's directory set up with its resolved config (layout: `nmt.run`)."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 from pathlib import Path
-from typing import Any
 
 from nmt.config import Config, config_to_yaml, load_config
 from nmt.errors import NmtError
-from nmt.files import atomic_write_json, atomic_write_text
+from nmt.files import atomic_write_text
 
 RUNS_ROOT = Path("runs")
-
-
-# --------------------------------------------------------------------------- run directories
 
 
 def default_run_dir(config: Config) -> Path:
@@ -135,42 +111,3 @@ def mark_latest(run_dir: Path, root: Path = RUNS_ROOT) -> None:
     except OSError:  # filesystems without symlinks: not fatal
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-
-
-# --------------------------------------------------------------------------- stage stamps
-
-
-def hash_files(paths: list[Path], extra: Any = None) -> str:
-    """SHA-256 over file contents (in order) and a JSON-able `extra` (e.g. config sections)."""
-    h = hashlib.sha256()
-    for p in paths:
-        h.update(str(Path(p).name).encode())
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    h.update(json.dumps(extra, sort_keys=True, default=str).encode())
-    return h.hexdigest()
-
-
-def stamp_path(run_dir: Path, stage: str) -> Path:
-    return Path(run_dir) / f"{stage}.stamp.json"
-
-
-def is_fresh(run_dir: Path, stage: str, digest: str) -> bool:
-    """True when `stage` finished before with the same input digest."""
-    p = stamp_path(run_dir, stage)
-    if not p.is_file():
-        return False
-    try:
-        return json.loads(p.read_text(encoding="utf-8")).get("inputs") == digest
-    except (OSError, json.JSONDecodeError):
-        return False
-
-
-def write_stamp(run_dir: Path, stage: str, digest: str, info: dict | None = None) -> None:
-    atomic_write_json(stamp_path(run_dir, stage), {"inputs": digest, **(info or {})})
-
-
-def clear_stamp(run_dir: Path, stage: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        stamp_path(run_dir, stage).unlink()

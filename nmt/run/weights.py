@@ -28,6 +28,7 @@ from torch import nn
 from nmt.config import Config, config_to_yaml
 from nmt.errors import NmtError
 from nmt.files import atomic_path
+from nmt.model.wrappers import unwrap
 from nmt.run.checkpoints import (
     STATE_RE,
     STEP_RE,
@@ -39,17 +40,6 @@ from nmt.run.checkpoints import (
     state_path,
     step_checkpoints,
 )
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The plain model inside DDP / torch.compile wrappers."""
-    while True:
-        if hasattr(model, "module") and isinstance(model.module, nn.Module):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
 
 
 def _plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -32,6 +32,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
+from nmt.decode.options import InferenceOptions
 from nmt.errors import NmtError
 from nmt.run.log import curves_to_json, eval_summary, read_curves, read_eval_reports
 from nmt.serve.batcher import Batcher, BatchLimits, Decoding
@@ -46,7 +47,7 @@ from nmt.serve.requests import (
     read_body,
     read_json,
 )
-from nmt.serve.workers import ModelHost, ModelWorkers
+from nmt.serve.workers import InProcessWorker, ModelWorkers
 
 WEB_DIR = Path(__file__).resolve().parent / "web"
 
@@ -81,7 +82,7 @@ class Service:
         self.engine_info = {"engine": self.facts.engine, "precision": self.facts.precision, "device": self.facts.device}
 
     @classmethod
-    def load(cls, opts: Any, run_dir: Path, limits: ServeLimits) -> Service:
+    def load(cls, opts: InferenceOptions, run_dir: Path, limits: ServeLimits) -> Service:
         """Load the model of `opts` (`InferenceOptions`) on `limits.batch.workers` workers (0 =
         `auto_workers`): one in this process, or several in child processes that share the cores
         (cores // workers intra-op threads each, set after loading so that the int8 kernel
@@ -91,7 +92,7 @@ class Service:
         count = limits.batch.workers or auto_workers(opts, run_dir)
         limits = replace(limits, batch=replace(limits.batch, workers=count))
         if count == 1:
-            workers = ModelWorkers.in_process(lambda: ModelHost.load(opts))
+            workers = ModelWorkers.in_process(lambda: InProcessWorker.load(opts))
         else:
             workers = ModelWorkers.in_children(opts, count, max(1, available_cores() // count))
         return cls(workers, run_dir, limits, opts.beam)
@@ -192,7 +193,7 @@ class Service:
         }
 
 
-def auto_workers(opts: Any, run_dir: Path | None = None) -> int:
+def auto_workers(opts: InferenceOptions, run_dir: Path | None = None) -> int:
     """`--workers 0` for `opts` (`InferenceOptions`) of `run_dir`'s model: with the native engine on
     a CPU one per core, at most 4 (more workers split the same load into smaller batches; measured
     on 2 cores only); on a GPU 1 (its kernels already use the whole device), and with CTranslate2
@@ -303,7 +304,7 @@ class ServeOptions:
     access: LibreAccess = field(default_factory=LibreAccess)  # API keys and request limit of the LibreTranslate routes
 
 
-def serve(opts: Any, server: ServeOptions) -> None:
+def serve(opts: InferenceOptions, server: ServeOptions) -> None:
     """Load the model of `opts` (`InferenceOptions`), then open the port and serve until SIGINT/SIGTERM.
 
     Shutdown is graceful: no new connections, requests in flight are answered, then the

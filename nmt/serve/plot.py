@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from nmt.decode.options import InferenceOptions
 from nmt.errors import NmtError
 from nmt.files import atomic_path
 from nmt.run.log import MAIN_CURVES, Series, read_curves, require_run
@@ -91,7 +92,9 @@ def _cjk_font() -> list[str]:
     return ["Noto Sans CJK SC", "Noto Sans CJK JP", "WenQuanYi Zen Hei", "Droid Sans Fallback", "DejaVu Sans"]
 
 
-def translate_with_attention(opts: Any, lines: list[str], out_dir: Path, output_path: Path | None = None) -> int:
+def translate_with_attention(
+    opts: InferenceOptions, lines: list[str], out_dir: Path, output_path: Path | None = None
+) -> int:
     """`nmt translate --attention DIR`: translate `lines` like `nmt translate` (best hypothesis,
     printed or written to `output_path`) and write `DIR/<line number>.png`, the cross-attention
     heatmap of each non-blank line. Returns the number of heatmaps written."""

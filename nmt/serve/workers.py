@@ -1,16 +1,16 @@
-"""Where a server's model runs: model hosts, each driven by its own thread, in this process or a child.
+"""Where a server's model runs: model workers, each driven by its own thread, in this process or a child.
 
-A `ModelHost` holds one loaded `Translator` and does what the server asks of the model: decode
+An `InProcessWorker` holds one loaded `Translator` and does what the server asks of the model: decode
 a group of lines (`decode`), draw a cross-attention map (`attention`), describe the model
-(`facts`). `ModelWorkers` keeps `count` hosts, each with one thread of this process that makes
-its (blocking) calls, and gives each call to an idle host.
+(`facts`). `ModelWorkers` keeps `count` workers, each with one thread of this process that makes
+its (blocking) calls, and gives each call to an idle worker.
 
-- One worker (`ModelWorkers.in_process`): the host lives in this process and is loaded on its
+- One worker (`ModelWorkers.in_process`): it lives in this process and is loaded on its
   thread, so all model work runs on one thread. PyTorch's CPU ops run on an OpenMP team that
   belongs to the calling thread: a model loaded on one thread and used on another brought a
   second team onto the cores, and each small op of a decoding step then paid a wake-up
   (measured in docs/BENCHMARKS.md, "Serving under load").
-- Several workers (`ModelWorkers.in_children`): each host lives in a child process (`ChildHost`
+- Several workers (`ModelWorkers.in_children`): each worker lives in a child process (`ChildWorker`
   is its proxy here, with the same methods) and decodes with cores // workers intra-op threads.
   Processes rather than threads because PyTorch holds Python's GIL between its ops, so model
   threads in one process wait for each other and for the HTTP event loop. The batches of a
@@ -40,12 +40,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Protocol
 
+from nmt.decode.options import InferenceOptions
 from nmt.serve.batcher import Decoding, Hypotheses, LineDone
 
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What the server says about its model (the host's translator, in plain values)."""
+    """What the server says about its model (the worker's translator, in plain values)."""
 
     config: Any  # nmt.config.Config
     checkpoint: str | None
@@ -55,17 +56,17 @@ class ModelFacts:
     src_vocab: int
     tgt_vocab: int
     attention_maps: bool  # a PyTorch model (its own or its checkpoint's) whose attention can be read
-    threads: int  # PyTorch intra-op threads the host decodes with
+    threads: int  # PyTorch intra-op threads the worker decodes with
 
 
-class Host(Protocol):
+class Worker(Protocol):
     def facts(self) -> ModelFacts: ...
     def decode(self, lines: list[str], settings: Decoding, on_line: LineDone | None = None) -> list[Hypotheses]: ...
     def attention(self, text: str, target: str, layer: int | None) -> dict[str, Any]: ...
     def close(self) -> None: ...
 
 
-class ModelHost:
+class InProcessWorker:
     """A loaded `Translator` (nmt.decode.translator) and the model work of a server, run where it lives."""
 
     def __init__(self, translator: Any) -> None:
@@ -75,7 +76,7 @@ class ModelHost:
         self.threads = getattr(translator.engine, "threads", 0) or torch.get_num_threads()  # CTranslate2 keeps its own
 
     @classmethod
-    def load(cls, opts: Any, threads: int = 0) -> ModelHost:
+    def load(cls, opts: InferenceOptions, threads: int = 0) -> InProcessWorker:
         """Load `opts` (`InferenceOptions`); then `threads` intra-op threads if > 0 (after loading, so
         that an int8 kernel is chosen with the threads `nmt translate` has, and answers alike)."""
         import torch
@@ -127,18 +128,18 @@ def _scored(pairs: list[tuple[str, float]]) -> Hypotheses:
     return [(t, float(score)) for t, score in pairs] or [("", None)]
 
 
-# --------------------------------------------------------------------------- a host in a child process
+# --------------------------------------------------------------------------- a worker in a child process
 
 
 class WorkerDied(RuntimeError):
-    """The child process of a host ended while it was asked something."""
+    """The child process of a worker ended while it was asked something."""
 
 
-class ChildHost:
-    """A `ModelHost` loaded in a spawned child process, with the same methods (each blocks until the
+class ChildWorker:
+    """An `InProcessWorker` loaded in a spawned child process, with the same methods (each blocks until the
     child answers; `decode` passes on the child's early lines to `on_line`)."""
 
-    def __init__(self, opts: Any, threads: int, quiet: bool = False) -> None:
+    def __init__(self, opts: InferenceOptions, threads: int, quiet: bool = False) -> None:
         """Starts the child; `facts()` waits until it has loaded (and raises what loading raised).
         `quiet`: the child's loading messages (stderr) are dropped (its siblings' say the same)."""
         self.opts, self.threads, self.quiet = opts, threads, quiet
@@ -215,14 +216,14 @@ class ChildHost:
             self.process.join()
 
 
-def _child_main(conn: Connection, opts: Any, threads: int, quiet: bool) -> None:
+def _child_main(conn: Connection, opts: InferenceOptions, threads: int, quiet: bool) -> None:
     """The child's life: load, report the facts (or the loading error), then answer calls until EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and SIGTERM reach the whole process group:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the server decides when its children stop
     try:
         with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
-            host = ModelHost.load(opts, threads)
-        conn.send(("ready", host.facts()))
+            worker = InProcessWorker.load(opts, threads)
+        conn.send(("ready", worker.facts()))
     except BaseException as e:
         conn.send(("error", _portable(e)))
         return
@@ -233,7 +234,7 @@ def _child_main(conn: Connection, opts: Any, threads: int, quiet: bool) -> None:
             return
         try:
             early = {"on_line": lambda i, hyps: conn.send(("line", (i, hyps)))} if streaming else {}
-            conn.send(("done", getattr(host, method)(*args, **early)))
+            conn.send(("done", getattr(worker, method)(*args, **early)))
         except Exception as e:
             conn.send(("error", _portable(e)))
 
@@ -251,46 +252,46 @@ def _portable(e: BaseException) -> BaseException:
 
 
 class ModelWorkers:
-    """`count` hosts, each driven by its own thread; `await call(method, ...)` runs on an idle one."""
+    """`count` workers, each driven by its own thread; `await call(method, ...)` runs on an idle one."""
 
-    def __init__(self, hosts: list[Host], pools: list[concurrent.futures.ThreadPoolExecutor] | None = None) -> None:
-        self.hosts = hosts
-        self.pools = pools or [_one_thread(i) for i in range(len(hosts))]
-        self.count = len(hosts)
+    def __init__(self, members: list[Worker], pools: list[concurrent.futures.ThreadPoolExecutor] | None = None) -> None:
+        self.members = members
+        self.pools = pools or [_one_thread(i) for i in range(len(members))]
+        self.count = len(members)
         self._idle: asyncio.Queue[int] | None = None
 
     @classmethod
-    def in_process(cls, load: Callable[[], Host]) -> ModelWorkers:
-        """One host, made by `load` on the thread that will make all its calls."""
+    def in_process(cls, load: Callable[[], Worker]) -> ModelWorkers:
+        """One worker, made by `load` on the thread that will make all its calls."""
         pool = _one_thread()
         try:
-            host = pool.submit(load).result()
+            worker = pool.submit(load).result()
         except BaseException:
             pool.shutdown()
             raise
-        return cls([host], [pool])
+        return cls([worker], [pool])
 
     @classmethod
-    def in_children(cls, opts: Any, count: int, threads: int) -> ModelWorkers:
+    def in_children(cls, opts: InferenceOptions, count: int, threads: int) -> ModelWorkers:
         """`count` child processes loading `opts`, each decoding with `threads` intra-op threads.
         The first loads alone and resolves the precision; the others load its result at once."""
-        first = ChildHost(opts, threads)
-        hosts = [first]
+        first = ChildWorker(opts, threads)
+        members = [first]
         try:
             resolved = replace(opts, precision=first.facts().precision)
             first.opts = resolved  # a restart loads what the others have, without resolving again
-            hosts += [ChildHost(resolved, threads, quiet=True) for _ in range(count - 1)]
-            for host in hosts:
-                host.facts()
+            members += [ChildWorker(resolved, threads, quiet=True) for _ in range(count - 1)]
+            for worker in members:
+                worker.facts()
         except BaseException:
-            for host in hosts:
-                host.close()
+            for worker in members:
+                worker.close()
             raise
-        return cls(hosts)
+        return cls(members)
 
     @property
     def facts(self) -> ModelFacts:
-        return self.hosts[0].facts()
+        return self.members[0].facts()
 
     def start(self) -> None:
         """Ready for `call` on the running event loop (each event loop that serves calls starts it)."""
@@ -299,20 +300,20 @@ class ModelWorkers:
             self._idle.put_nowait(i)
 
     async def call(self, method: str, *args: Any) -> Any:
-        """`host.<method>(*args)` on an idle host's thread, waiting for one if all are busy."""
+        """`worker.<method>(*args)` on an idle worker's thread, waiting for one if all are busy."""
         if self._idle is None:
             raise RuntimeError("ModelWorkers.start() was not called")
         i = await self._idle.get()
         try:
-            fn = getattr(self.hosts[i], method)
+            fn = getattr(self.members[i], method)
             return await asyncio.get_running_loop().run_in_executor(self.pools[i], fn, *args)
         finally:
             self._idle.put_nowait(i)
 
     def close(self) -> None:
-        for host, pool in zip(self.hosts, self.pools, strict=True):
+        for worker, pool in zip(self.members, self.pools, strict=True):
             pool.shutdown(wait=True)
-            host.close()
+            worker.close()
 
 
 def _one_thread(i: int = 0) -> concurrent.futures.ThreadPoolExecutor:

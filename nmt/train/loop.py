@@ -49,6 +49,7 @@ from nmt.data.batching import Batch, PairDataset, Prefetcher, WindowSampler, loa
 from nmt.data.vocab import check_vocab_copied
 from nmt.hw.device import check_precision, describe, resolve_device, resolve_precision, set_threads
 from nmt.model.flops import train_flops, training_peak_flops
+from nmt.model.wrappers import wrap
 from nmt.run import weights as ckpt
 from nmt.run.log import TB_DIR
 from nmt.train.distributed import DistInfo, barrier, init_distributed, teardown
@@ -68,7 +69,7 @@ def train(config: Config, run_dir: Path, restart: bool = False) -> dict:
     Clears the pipeline's "train" stamp first: until this call returns, the run's
     checkpoints are not a finished training run.
     """
-    from nmt.run.dirs import clear_stamp
+    from nmt.run.stamps import clear_stamp
 
     clear_stamp(run_dir, "train")
     return fit(config, run_dir, restart=restart)
@@ -213,18 +214,6 @@ def build_seeded(config: Config, vocab: tuple[int, int], device: torch.device, b
     return build(config, *vocab).to(device)
 
 
-def wrap(model: nn.Module, config: Config, info: DistInfo, device: torch.device) -> nn.Module:
-    """torch.compile (train.compile) and DistributedDataParallel (several ranks) around `model`."""
-    if config.train.compile:
-        model = torch.compile(model)
-    if info.world_size > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        ids = [device.index] if device.type == "cuda" else None
-        model = DistributedDataParallel(model, device_ids=ids)
-    return model
-
-
 def describe_model(model: nn.Module) -> str:
     """`nmt.model.transformer.model_summary`, or a parameter count for other modules."""
     try:
@@ -271,7 +260,7 @@ class _Run:
         if self.resumed.path is None and t.init_from:
             check_vocab_copied(config, run_dir)
             self.resumed.notes.append(init_weights(self.model, config))
-        self.trainer = Trainer(wrap(self.model, config, info, device), t, device)
+        self.trainer = Trainer(wrap(self.model, config.train.compile, info.world_size, device), t, device)
         if self.resumed.state is not None:
             self.trainer.load_state_dict(self.resumed.state, restore_rng=info.is_main)
             note = reshard(self.trainer.state, self.resumed.state.get("world_size", 1), info.world_size)

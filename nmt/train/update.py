@@ -46,7 +46,7 @@ from nmt.data.batching import Batch
 from nmt.errors import NmtError
 from nmt.hw.device import autocast, grad_scaler
 from nmt.model.masks import Packing
-from nmt.run.weights import unwrap
+from nmt.model.wrappers import unwrap
 from nmt.train.distributed import all_reduce_sum, world_size
 from nmt.train.objective import build_optimizer, label_smoothed_nll, learning_rate, set_learning_rate
 

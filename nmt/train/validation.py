@@ -34,9 +34,9 @@ from nmt.contracts import PacksLogits
 from nmt.data.batching import TokenBatchSampler, load_batch, pad_sources
 from nmt.data.passthrough import Masked, mask_pair, masker, restore
 from nmt.hw.device import autocast
+from nmt.model.wrappers import unwrap
 from nmt.run import weights as ckpt
 from nmt.run.log import format_values
-from nmt.run.weights import unwrap
 from nmt.train.objective import label_smoothed_nll
 from nmt.train.progress import TrainLog
 from nmt.train.update import Trainer

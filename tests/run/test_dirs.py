@@ -6,14 +6,7 @@ import pytest
 from nmt.config import load_config
 from nmt.errors import NmtError
 from nmt.files import atomic_path, atomic_write_text
-from nmt.run.dirs import (
-    hash_files,
-    init_run,
-    is_fresh,
-    newest_model_run,
-    resolve_run,
-    write_stamp,
-)
+from nmt.run.dirs import init_run, newest_model_run, resolve_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,18 +47,6 @@ def test_resolve_run_without_anything(tmp_path, monkeypatch):
         resolve_run(None, None, need_model=True)
     with pytest.raises(NmtError, match="elsewhere/config.yaml: not found"):
         resolve_run(None, "elsewhere")
-
-
-def test_stamps_detect_changed_inputs(tmp_path):
-    f = tmp_path / "a.txt"
-    f.write_text("one")
-    digest = hash_files([f], {"k": 1})
-    assert not is_fresh(tmp_path, "stage", digest)
-    write_stamp(tmp_path, "stage", digest)
-    assert is_fresh(tmp_path, "stage", digest)
-    assert not is_fresh(tmp_path, "stage", hash_files([f], {"k": 2}))
-    f.write_text("two")
-    assert not is_fresh(tmp_path, "stage", hash_files([f], {"k": 1}))
 
 
 def _model_run(root: Path, name: str, config, with_model: bool) -> Path:

@@ -28,7 +28,7 @@ from nmt.hw.cores import available_cores  # noqa: E402
 from nmt.run.checkpoints import read_metadata  # noqa: E402
 from nmt.serve.app import ServeLimits, Service, auto_workers, create_app  # noqa: E402
 from nmt.serve.batcher import BatchLimits, Decoding  # noqa: E402
-from nmt.serve.workers import ChildHost, ModelHost, ModelWorkers  # noqa: E402
+from nmt.serve.workers import ChildWorker, InProcessWorker, ModelWorkers  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ def translator(run) -> Translator:
 @pytest.fixture(scope="module")
 def client(translator, run):
     limits = ServeLimits(max_sentences=8, max_chars=50, max_body_bytes=4000, max_beam=4, batch=BatchLimits(20, 64))
-    with TestClient(create_app(Service(ModelWorkers([ModelHost(translator)]), run, limits))) as c:
+    with TestClient(create_app(Service(ModelWorkers([InProcessWorker(translator)]), run, limits))) as c:
         yield c
 
 
@@ -207,7 +207,7 @@ def test_the_model_loads_and_decodes_on_one_thread_that_is_not_the_event_loops(r
     monkeypatch.setattr(Translator, "from_options", classmethod(loading))
     limits = ServeLimits(batch=BatchLimits(workers=1))
     service = Service.load(InferenceOptions(run_dir=run, precision="fp32"), run, limits)
-    translator = service.batcher.workers.hosts[0].translator
+    translator = service.batcher.workers.members[0].translator
     original = translator.translate_nbest
 
     def decoding(*args, **kwargs):
@@ -230,10 +230,10 @@ def test_two_workers_are_child_processes_that_answer_as_the_translator_does(run,
     service = Service.load(InferenceOptions(run_dir=run, precision="fp32"), run, limits)
     workers = service.batcher.workers
     try:
-        assert workers.count == 2 and all(isinstance(h, ChildHost) for h in workers.hosts)
-        pids = [h.process.pid for h in workers.hosts]
+        assert workers.count == 2 and all(isinstance(h, ChildWorker) for h in workers.members)
+        pids = [h.process.pid for h in workers.members]
         assert len(set(pids)) == 2 and os.getpid() not in pids
-        assert all(h.facts().threads == max(1, available_cores() // 2) for h in workers.hosts)
+        assert all(h.facts().threads == max(1, available_cores() // 2) for h in workers.members)
         expected = dict(zip(SENTENCES, translator.translate(SENTENCES, beam=3), strict=True))
         with TestClient(create_app(service)) as c, ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(lambda s: post(c, "/translate", {"text": s, "beam": 3}), SENTENCES * 4))
@@ -243,30 +243,30 @@ def test_two_workers_are_child_processes_that_answer_as_the_translator_does(run,
         assert stats.sentences == len(SENTENCES) * 4 + 1 and stats.batches > 1  # + /attention's own translation
     finally:
         workers.close()
-    assert not any(h.process.is_alive() for h in workers.hosts)  # closed with the server
+    assert not any(h.process.is_alive() for h in workers.members)  # closed with the server
 
 
 def test_a_child_that_dies_is_replaced_and_its_requests_answered(run, translator):
     workers = ModelWorkers.in_children(InferenceOptions(run_dir=run, precision="fp32"), 1, 1)
     service = Service(workers, run, ServeLimits())
-    host = workers.hosts[0]
+    worker = workers.members[0]
     try:
-        first = host.process.pid
-        host.process.kill()
-        host.process.join()
+        first = worker.process.pid
+        worker.process.kill()
+        worker.process.join()
         with TestClient(create_app(service)) as c:
             status, body = post(c, "/translate", {"text": SENTENCES[:3], "beam": 2})
         expected = translator.translate(SENTENCES[:3], beam=2)
         assert status == 200 and [t["text"] for t in body["translations"]] == expected
-        assert host.process.pid != first and host.process.is_alive() is False  # the new one, closed with the app
+        assert worker.process.pid != first and worker.process.is_alive() is False  # the new one, closed with the app
     finally:
         workers.close()
 
 
 def test_a_child_that_dies_mid_call_is_replaced_and_asked_again(run, translator):
     workers = ModelWorkers.in_children(InferenceOptions(run_dir=run, precision="fp32"), 1, 1)
-    host, lines, heard = workers.hosts[0], SENTENCES * 9, []
-    first = host.process.pid
+    worker, lines, heard = workers.members[0], SENTENCES * 9, []
+    first = worker.process.pid
 
     def on_line(i: int, hypotheses) -> None:  # the first sentence done: the call is in flight
         heard.append(i)
@@ -274,9 +274,9 @@ def test_a_child_that_dies_mid_call_is_replaced_and_asked_again(run, translator)
             os.kill(first, signal.SIGKILL)
 
     try:
-        found = host.decode(lines, Decoding(beam=4), on_line)
+        found = worker.decode(lines, Decoding(beam=4), on_line)
         assert [h[0][0] for h in found] == translator.translate(lines, beam=4)
-        assert host.process.pid != first and sorted(set(heard)) == list(range(len(lines)))
+        assert worker.process.pid != first and sorted(set(heard)) == list(range(len(lines)))
     finally:
         workers.close()
 
@@ -286,8 +286,8 @@ def test_ctranslate2_children_load_with_their_share_of_the_threads(run, monkeypa
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # what a child starts with; CTranslate2 must not keep it
     workers = ModelWorkers.in_children(InferenceOptions(run_dir=run, engine="ctranslate2"), 2, 1)
     try:
-        assert [(h.facts().engine, h.facts().threads) for h in workers.hosts] == [("ctranslate2", 1)] * 2
-        found = workers.hosts[1].decode(SENTENCES[:2], Decoding(beam=2))
+        assert [(h.facts().engine, h.facts().threads) for h in workers.members] == [("ctranslate2", 1)] * 2
+        found = workers.members[1].decode(SENTENCES[:2], Decoding(beam=2))
         assert len(found) == 2 and all(hyps[0][0] for hyps in found)
     finally:
         workers.close()

@@ -24,7 +24,7 @@ from nmt.errors import NmtError  # noqa: E402
 from nmt.serve.app import ServeLimits, Service, create_app  # noqa: E402
 from nmt.serve.batcher import BatchLimits  # noqa: E402
 from nmt.serve.libretranslate import LANGUAGES, LibreAccess, RateLimiter, assemble, detect, pieces  # noqa: E402
-from nmt.serve.workers import ModelHost, ModelWorkers  # noqa: E402
+from nmt.serve.workers import InProcessWorker, ModelWorkers  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ def beam(translator) -> int:
 @contextmanager
 def app_client(translator, run: Path, access: LibreAccess | None = None):
     limits = ServeLimits(max_sentences=8, max_chars=50, max_body_bytes=4000, max_beam=4, batch=BatchLimits(5, 64))
-    service = Service(ModelWorkers([ModelHost(translator)]), run, limits)
+    service = Service(ModelWorkers([InProcessWorker(translator)]), run, limits)
     with TestClient(create_app(service, access)) as c:
         yield c
 

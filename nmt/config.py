@@ -243,7 +243,7 @@ def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
 
 
 def stamp_sections(config: Config) -> dict[str, dict]:
-    """The config's sections as the stage stamps hash them (`nmt.run.dirs.hash_files`): settings
+    """The config's sections as the stage stamps hash them (`nmt.run.stamps.hash_files`): settings
     spelled as before `data.direction`, `train.init_from` and by-language coverage existed, so a
     run made before them stays fresh and is not redone. `data.workers` is left out: no output
     depends on it."""

@@ -1,8 +1,14 @@
-"""The package's shape: no import cycles (imports inside functions count), no re-exports.
+"""The package's shape: no import cycles (imports inside functions count), rooms on floors that
+import only downwards, no re-exports.
 
 A cycle hidden by an import inside a function still means two modules cannot be understood,
-tested or moved apart; a name importable from two places has no home. Both are read from
-the source with `ast`, so the test needs nothing imported.
+tested or moved apart; two packages that import each other (data ↔ model) are one room in
+two folders even without a cycle between their files; an arrow up the floors (hw importing
+decode) puts a room below what it needs. A name importable from two places has no home. All
+are read from the source with `ast`, so the test needs nothing imported.
+
+The floors are docs/ARCHITECTURE.md's map, bottom up; a room is a subpackage, or a top-level
+module of the ground floor.
 """
 
 from __future__ import annotations
@@ -64,6 +70,81 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str]:
     return []
 
 
+FLOORS: list[set[str]] = [
+    {"nmt", "errors", "files", "contracts", "config_values", "config"},  # the ground: may import each other
+    {"hw"},
+    {"model"},
+    {"run"},
+    {"data"},
+    {"export"},
+    {"decode"},
+    {"train", "serve"},
+    {"pipeline"},
+    {"cli"},
+    {"__main__"},
+]
+GROUND = 0  # the one floor whose rooms may import each other (their files may not cycle)
+
+
+def room(module: str) -> str:
+    """The room of `module`: its subpackage ('nmt.data.vocab' → 'data'), else the module itself
+    ('nmt.config' → 'config', the package 'nmt' → 'nmt')."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def room_edges(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph `edges` seen from the rooms: room → the other rooms it imports."""
+    rooms: dict[str, set[str]] = {}
+    for module, imported in edges.items():
+        rooms.setdefault(room(module), set()).update(room(m) for m in imported)
+    return {r: deps - {r} for r, deps in rooms.items()}
+
+
+def misplaced_arrows(edges: dict[str, set[str]], floors: list[set[str]]) -> list[str]:
+    """Every room-level arrow of the module graph `edges` that breaks the floors: two rooms that
+    import each other, an arrow to a room on a higher floor or to another room of its own floor
+    (outside the ground), and rooms on no floor. [] when the house is in order."""
+    floor = {r: i for i, rooms in enumerate(floors) for r in rooms}
+    rooms = room_edges(edges)
+    found = [f"{r} is on no floor" for r in sorted(rooms.keys() - floor.keys())]
+    for a in sorted(rooms):
+        for b in sorted(rooms[a]):
+            if a < b and a in rooms.get(b, ()):
+                found.append(f"{a} <-> {b}: two rooms import each other")
+            if a in floor and b in floor and (floor[b] > floor[a] or (floor[b] == floor[a] != GROUND)):
+                found.append(f"{a} -> {b}: an arrow up the floors ({a} on floor {floor[a]}, {b} on {floor[b]})")
+    return found
+
+
+def test_the_floor_checker_finds_two_way_and_upward_arrows():
+    floors = [{"nmt", "config"}, {"model"}, {"data"}, {"train", "serve"}]
+    assert misplaced_arrows({"nmt.data.batching": {"nmt.model.masks", "nmt.config"}}, floors) == []
+    two_way = {"nmt.data.batching": {"nmt.model.masks"}, "nmt.model.transformer": {"nmt.data.batching"}}
+    assert misplaced_arrows(two_way, floors) == [
+        "data <-> model: two rooms import each other",
+        "model -> data: an arrow up the floors (model on floor 1, data on 2)",
+    ]
+    assert misplaced_arrows({"nmt.config": {"nmt.model.masks"}}, floors) == [
+        "config -> model: an arrow up the floors (config on floor 0, model on 1)"
+    ]
+    assert misplaced_arrows({"nmt.serve.app": {"nmt.train.loop"}}, floors) == [
+        "serve -> train: an arrow up the floors (serve on floor 3, train on 3)"
+    ]
+    assert misplaced_arrows({"nmt.export.argos": {"nmt.config"}}, floors) == ["export is on no floor"]
+
+
+def test_the_rooms_import_only_downwards():
+    wrong = misplaced_arrows(graph(), FLOORS)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_top_level_holds_only_the_ground_and_the_pipeline():
+    """Every other module lives in a room (a subpackage)."""
+    loose = {p.stem for p in NMT.glob("*.py")}
+    assert loose == {"__init__", "__main__", "errors", "files", "contracts", "config", "config_values", "pipeline"}
+
+
 def test_the_cycle_finder_finds_cycles():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) == []
@@ -89,7 +170,9 @@ def test_no_module_re_exports_a_name_it_imports():
                 assert listed <= defined, f"{name}.__all__ lists imported names: {sorted(listed - defined)}"
 
 
-def test_subpackages_are_the_pipeline():
-    """A subpackage per part of the pipeline, and the command line that drives them."""
+def test_every_subpackage_is_a_room_on_a_floor():
+    """A subpackage per part of the pipeline, the machine and the run directory below them, and
+    the command line that drives them; each on one floor."""
     packages = {p.parent.name for p in NMT.glob("*/__init__.py")}
     assert packages == {"hw", "run", "data", "model", "export", "train", "decode", "serve", "cli"}
+    assert packages <= set().union(*FLOORS)

@@ -1,4 +1,5 @@
-"""Checkpoints: safetensors weights + trainer state, written atomically; averaging.
+"""A run's weights with PyTorch: safetensors weights + trainer state, written atomically;
+loading; averaging (the layout and the rule of which checkpoint loads: `nmt.run`).
 
 A step checkpoint is two files in ``<run>/checkpoints/``:
 
@@ -12,8 +13,6 @@ A step checkpoint is two files in ``<run>/checkpoints/``:
 Tensors that share storage (tied embeddings) are saved as separate copies because
 safetensors refuses shared tensors; ``model.load_state_dict`` copies into the tied
 parameter, so the tie survives a round trip.
-
-Which files a run has and which one a command loads: `nmt.run.checkpoints` (no PyTorch).
 """
 
 from __future__ import annotations

@@ -70,7 +70,9 @@ def load(opts: InferenceOptions, run_dir: Path, config: Config | None = None) ->
     return Loaded(engine, src_tok, tgt_tok, config, path, describe_checkpoint(path, why) + picked.note)
 
 
-def _ct2_engine(picked: EngineChoice, run_dir: Path, path: Path, config: Config, dev: Any, opts: InferenceOptions):
+def _ct2_engine(
+    picked: EngineChoice, run_dir: Path, path: Path, config: Config, dev: Any, opts: InferenceOptions
+) -> Engine:
     """The CTranslate2 engine of checkpoint `path`: the export `--engine auto` found current, else
     the run's export of it (written where missing or stale)."""
     from nmt.decode.ct2 import CTranslate2Engine

@@ -7,7 +7,8 @@ A corpus of N pairs is made from the Tatoeba pairs of the local mirror, joined 1
 sentences are of news-like length and mostly distinct), in the translation schema, with the
 mirror's validation and test splits. Each stage then runs in a process of its own on a fresh run
 directory: `download` (clean, filter, dedup → corpus/) and `vocab` (SentencePiece models and the
-encoded corpus → vocab/, bin/). Memory is the peak over the stage's whole process tree (its
+encoded corpus → vocab/, bin/; its steps — mask pass-through spans, sample and train the
+models, encode — are timed apart from the stage's report). Memory is the peak over the stage's whole process tree (its
 worker processes included), sampled every 20 ms from /proc, with anonymous and file-backed
 resident memory apart. Beside the stages, the floor: the bare SentencePiece encoding of the same
 cleaned text with the same models on the same cores (one process per core, one thread each).
@@ -193,12 +194,19 @@ def bench(pairs: int, mirror: Path, config_args: tuple[str, list[str]], work: Pa
         rows.append(res)
         print(_row(res, cores), flush=True)
     kept = sum(1 for _ in (run / "corpus" / "train.zh").open(encoding="utf-8"))
+    steps = json.loads((run / "vocab.stamp.json").read_text(encoding="utf-8"))["report"].get("seconds", {})
+    for step, seconds in steps.items():  # the vocab stage's own steps (nmt.data.vocab.build_vocab)
+        rows.append({"stage": f"  {step}", "pairs": kept, "seconds": seconds} | dict.fromkeys(SIZES, 0))
+        print(_row(rows[-1], cores), flush=True)
     floor = bare_encoding(run, cores)
-    rows.append({"stage": "bare spm encode", "pairs": kept, "out": 0, "anon": 0, "file": 0, "total": 0, **floor})
+    rows.append({"stage": "bare spm encode", "pairs": kept, **dict.fromkeys(SIZES, 0), **floor})
     print(_row(rows[-1], cores), flush=True)
+    if "encode" in steps:
+        print(f"{'':>11}encode / bare spm encode: {steps['encode'] / floor['seconds']:.2f}x", flush=True)
     return rows
 
 
+SIZES = ("out", "anon", "file", "total")  # bytes; 0 in rows that are not a stage's own process
 HEADER = (
     f"{'pairs':>10} {'stage':<16}{'wall s':>9}{'pairs/s/core':>14}"
     f"{'anon MB':>9}{'file MB':>9}{'peak MB':>9}{'out MB':>9}"

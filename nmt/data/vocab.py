@@ -38,6 +38,7 @@ import io
 import json
 import multiprocessing
 import shutil
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -309,6 +310,19 @@ def _encode_splits(config: Config, run_dir: Path, langs: tuple[str, str], masked
     return counts
 
 
+class _Stopwatch:
+    """Wall seconds of the steps of a build, in order: `lap(name)` ends the step `name`."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = round(now - self._last, 3)
+        self._last = now
+
+
 def _report(models: dict, counts: dict, langs: tuple[str, str]) -> dict:
     report: dict = {}
     for lang in langs:
@@ -333,7 +347,10 @@ def print_report(report: dict, langs: tuple[str, str], console: Console | None =
             f"{r['valid_pieces_per_sentence']:.2f}",
         )
         table.add_row(lang, *row)
-    (console or Console(stderr=True)).print(table)
+    console = console or Console(stderr=True)
+    console.print(table)
+    if report.get("seconds"):
+        console.print("vocab: " + ", ".join(f"{step} {sec:,.1f} s" for step, sec in report["seconds"].items()))
 
 
 def _outputs(run_dir: Path, langs: tuple[str, str]) -> list[Path]:
@@ -402,10 +419,15 @@ def build_vocab(config: Config, run_dir: Path) -> dict:
         Console(stderr=True).print(f"vocab: {run_dir / 'vocab'} is up to date (skipped)")
         return json.loads(stamp_path(run_dir, "vocab").read_text(encoding="utf-8"))["report"]
     clear_stamp(run_dir, "vocab")
+    clock = _Stopwatch()
     with masked_corpus(config, run_dir, SPLITS) as masked:  # None when pass-through is off
+        clock.lap("mask")
         texts = masked or {f"train.{lang}": run_dir / "corpus" / f"train.{lang}" for lang in langs}
         models = _copy_models(config, run_dir) if reused else train_models(config, run_dir, texts, langs)
-        report = _report(models, _encode_splits(config, run_dir, langs, masked), langs)
+        clock.lap("models")
+        counts = _encode_splits(config, run_dir, langs, masked)
+        clock.lap("encode")
+        report = _report(models, counts, langs) | {"seconds": clock.laps}
         if masked:
             report["passthrough"] = masked["stats"]
     print_report(report, langs)

@@ -158,7 +158,10 @@ def mask(text: str, spans: list[Span]) -> Masked:
 
 def mask_pair(src: str, tgt: str, detector: Detector) -> tuple[Masked, str]:
     """(masked source, masked target) of a training pair: only spans found on both sides are masked."""
-    src_spans, tgt_spans = detector.find(src), detector.find(tgt)
+    src_spans = detector.find(src)
+    if not src_spans:  # most sources: nothing to share, and the target (every English word a match) is not scanned
+        return Masked(src), tgt
+    tgt_spans = detector.find(tgt)
     shared = {s.text for s in src_spans} & {s.text for s in tgt_spans}
     if not shared:
         return Masked(src), tgt

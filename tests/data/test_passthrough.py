@@ -253,3 +253,15 @@ def test_model_trained_with_passthrough_copies_an_unseen_word(synthetic_run):
     assert result.exit_code == 0, result.output
     love, went = result.stdout.splitlines()
     assert love == "I love AI." and "Beijing" in went and "2024" in went
+
+
+def test_a_source_without_spans_leaves_the_target_unscanned_and_unmasked(monkeypatch):
+    """The cheap path of `mask_pair` (most pairs): no source span, so nothing can be shared."""
+    scanned = []
+    find = Detector.find
+    monkeypatch.setattr(Detector, "find", lambda self, text: scanned.append(text) or find(self, text))
+    src, tgt = "他在家里看书。", "He reads Harry Potter at home in 2024."
+    masked, out = mask_pair(src, tgt, ALL)
+    assert (masked.text, masked.slots, out) == (src, [], tgt) and scanned == [src]
+    masked, out = mask_pair("他在2024年读书。", tgt, ALL)  # a shared number: both sides scanned and masked
+    assert masked.slots == ["2024"] and "2024" not in out and len(scanned) == 3

@@ -141,26 +141,6 @@ def test_override_nested_key(tmp_path):
         load_config(p, ["data..corpus=c"])
 
 
-def test_max_time_means_the_same_in_readme_config_and_scripts():
-    """README, the config field and the budget script all say training-loop wall time (validation included)."""
-    import inspect
-
-    import nmt.config
-    import nmt.train.stopping
-
-    texts = {
-        "README.md": (ROOT / "README.md").read_text(encoding="utf-8"),
-        "nmt/config.py": inspect.getsource(nmt.config.TrainConfig),
-        "nmt/train/stopping.py": nmt.train.stopping.__doc__,
-        "scripts/quality_budget.sh": (ROOT / "scripts" / "quality_budget.sh").read_text(encoding="utf-8"),
-    }
-    for name, text in texts.items():
-        flat = " ".join(text.replace("#", " ").split())
-        assert "training-loop wall time" in flat, name
-        assert "validation" in flat[flat.index("training-loop wall time") :][:200], name
-    assert "training time only" not in texts["scripts/quality_budget.sh"]
-
-
 def test_float_in_exponent_form_without_a_dot(tmp_path):
     """YAML 1.1 reads `5e-3` as a string; a float key accepts it, a non-number stays an error."""
     c = load_config(write(tmp_path, "train:\n  lr: 5e-3\n"))

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -340,8 +339,9 @@ def test_second_call_is_skipped_and_changed_input_redone(tmp_path):
     root = mirror(tmp_path / "m")
     stats = prepare_corpus(config(), tmp_path / "run", mirror=str(root))
     stamp, train_zh = tmp_path / "run/download.stamp.json", tmp_path / "run/corpus/train.zh"
+    for p in (stamp, train_zh):  # back-dated: a rewrite would show, whatever the clock's resolution
+        os.utime(p, ns=(10**9, 10**9))
     mtimes = (stamp.stat().st_mtime_ns, train_zh.stat().st_mtime_ns)
-    time.sleep(0.01)
     assert prepare_corpus(config(), tmp_path / "run", mirror=str(root)) == stats
     assert (stamp.stat().st_mtime_ns, train_zh.stat().st_mtime_ns) == mtimes
     write_jsonl(root / "tatoeba-zh-en/train.jsonl", TRAIN[:2])
@@ -786,8 +786,8 @@ def test_the_number_of_workers_is_not_part_of_the_stamp(tmp_path):
     root = mirror(tmp_path / "m")
     prepare_corpus(config(workers=1), tmp_path / "run", mirror=str(root))
     stamp = tmp_path / "run/download.stamp.json"
+    os.utime(stamp, ns=(10**9, 10**9))  # back-dated: a rewrite would show, whatever the clock's resolution
     before = stamp.stat().st_mtime_ns
-    time.sleep(0.01)
     prepare_corpus(config(workers=2), tmp_path / "run", mirror=str(root))
     assert stamp.stat().st_mtime_ns == before  # the same corpus: skipped
     prepare_corpus(config(workers=2, seed=9), tmp_path / "run", mirror=str(root))

@@ -111,8 +111,10 @@ def test_prefetcher_keeps_order_and_bounds_the_queue():
 
     p = Prefetcher(source(), depth=2)
     try:
-        time.sleep(0.2)
-        assert len(made) <= 3  # two queued, one waiting to be
+        deadline = time.monotonic() + 10
+        while not (p._queue.full() and len(made) == 3):  # two queued, the third made: the thread waits
+            assert len(made) <= 3 and time.monotonic() < deadline, made
+            time.sleep(0.01)
         assert [next(p) for _ in range(20)] == list(range(20))
         with pytest.raises(StopIteration):
             next(p)

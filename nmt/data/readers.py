@@ -197,6 +197,33 @@ def _mirror_split(folder: Path, split: str, data: DataConfig) -> Source:
     return Source("none", label=str(folder / f"{split}.jsonl"))
 
 
+def path_source(path: str | Path, data: DataConfig, split: str, key: str) -> Source:
+    """The split named by a path of the config (`key`, for errors): a folder laid out like a
+    mirror folder (its `split` files), or one file: `x.jsonl` or `x.tsv` (each maybe .gz/.xz), or
+    one side of a plain pair (`x.zh`, its partner `x.en` beside it)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        found = _mirror_split(p, split, data)
+        if found.kind == "none":
+            raise NmtError(f"{key}: {p} has no {split} file ({split}.jsonl, {split}.tsv or {split}.zh + {split}.en)")
+        return found
+    if not p.is_file():
+        raise NmtError(f"{key}: {p} not found")
+    stem = p.with_suffix("") if is_compressed(p) else p
+    kind = stem.suffix.lstrip(".")
+    if kind in PARSERS:
+        return Source(kind, (p,), str(p))
+    langs = (data.src_lang, data.tgt_lang)
+    if kind not in langs:
+        raise NmtError(f"{key}: {p}: expected .jsonl, .tsv or .{langs[0]} / .{langs[1]} (each maybe .gz or .xz)")
+    ext = p.suffix if is_compressed(p) else ""
+    pair = tuple(stem.with_suffix(f".{lang}{ext}") for lang in langs)
+    if not pair[0].is_file() or not pair[1].is_file():
+        missing = pair[0] if not pair[0].is_file() else pair[1]
+        raise NmtError(f"{key}: {missing} not found, but {p.name} is there (plain files come in pairs)")
+    return Source("plain", pair, f"{pair[0]}+{pair[1].name if ext else pair[1].suffix}")
+
+
 def find_sources(recipe: Recipe, data: DataConfig, mirror: str | None = None) -> dict[str, Source]:
     """Where each split comes from: the mirror (argument, data.mirror, NMT_MIRROR) or the hub."""
     root = _mirror_root(data, mirror)
@@ -213,6 +240,9 @@ def find_sources(recipe: Recipe, data: DataConfig, mirror: str | None = None) ->
             for s in SPLITS
         }
         where = f"hub {recipe.hub}"
+    for split, path in (("valid", data.valid), ("test", data.test)):
+        if path is not None:  # named in the config: wins over the corpus's own split
+            sources[split] = path_source(path, data, split, f"data.{split}")
     if sources["train"].kind == "none":
         raise NmtError(f"corpus {recipe.name!r} has no train split in {where}; it can only be used for evaluation")
     if sources["valid"].kind == "none":

@@ -42,7 +42,7 @@ from nmt.config import BT_TAG, Config, DataConfig, stamp_sections
 from nmt.data.clean import Cleaned, Held, clean_units, unit_path
 from nmt.data.dedup import first_occurrences
 from nmt.data.normalize import normalize_source, normalize_target, strip_text
-from nmt.data.readers import Source, check_aligned, count_lines, find_sources, read_split
+from nmt.data.readers import Source, cached_hub, check_aligned, count_lines, find_sources, read_split
 from nmt.data.recipes import SPLITS, BadLines, Recipe, get_recipe
 from nmt.data.sample import sample_masks
 from nmt.errors import NmtError
@@ -293,12 +293,12 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
     """
     data, run_dir = config.data, Path(run_dir)
     recipe = get_recipe(data.corpus)
-    sources = find_sources(recipe, data, mirror)
+    sources = {split: cached_hub(s, recipe) for split, s in find_sources(recipe, data, mirror).items()}
     for source in sources.values():  # differing plain files stop before any work
         if source.kind == "plain":
             check_aligned(*source.paths)
     out = run_dir / "corpus"
-    files = [p for s in sources.values() for p in s.paths]
+    files = [p for s in sources.values() if s.kind != "hub" for p in s.paths]  # hub files: named by their commit
     if data.backtranslation is not None and (Path(data.backtranslation.corpus) / "train.jsonl").is_file():
         files.append(Path(data.backtranslation.corpus) / "train.jsonl")
     if _codes_source(sources, recipe) and sources["test"].kind != "hub":
@@ -306,7 +306,8 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
     settings = {k: v for k, v in stamp_sections(config)["data"].items() if k != "mirror"}
     digest = hash_files(
         files,
-        extra={"data": settings, "recipe": dataclasses.asdict(recipe), "kinds": [s.kind for s in sources.values()]},
+        extra={"data": settings, "recipe": dataclasses.asdict(recipe), "kinds": [s.kind for s in sources.values()]}
+        | ({"hub": [s.ref for s in sources.values()]} if any(s.ref for s in sources.values()) else {}),
     )
     names = _output_names(data, _codes_source(sources, recipe))
     if is_fresh(run_dir, "download", digest) and all((out / n).is_file() for n in names):

@@ -15,7 +15,9 @@ rules to a part of a file.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import gzip
+import itertools
 import json
 import lzma
 import os
@@ -25,7 +27,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from nmt.config import DataConfig
-from nmt.data.hub import read_hub
+from nmt.data.hub import hub_pairs, read_hub
+from nmt.data.hub_cache import parquet_rows, split_files
 from nmt.data.recipes import SPLITS, BadLines, HubSplit, Recipe, pair_from_record
 from nmt.errors import NmtError
 
@@ -37,9 +40,10 @@ _MIRROR_STEMS = {"train": ("train",), "valid": ("validation", "valid", "dev"), "
 @dataclass(frozen=True)
 class Source:
     kind: str  # jsonl | tsv | plain | hub | none
-    paths: tuple[Path, ...] = ()
+    paths: tuple[Path, ...] = ()  # hub: its Parquet files in the hub cache (none: streamed)
     label: str = ""
     hub_split: HubSplit | None = None
+    ref: str = ""  # hub with files: the repository, commit and paths they are (`HubFiles.ref`)
 
 
 def _parse_json(text: str, src: str, tgt: str) -> tuple[str, str] | str:
@@ -167,8 +171,23 @@ def read_split(
     if source.kind == "plain":
         return _read_plain(source.paths[0], source.paths[1], bad)
     if source.kind == "hub" and source.hub_split is not None:
-        return read_hub(recipe, source.hub_split, (data.src_lang, data.tgt_lang), bad, labels)
+        langs = (data.src_lang, data.tgt_lang)
+        if source.paths:  # the cached Parquet files
+            rows = itertools.chain.from_iterable(map(parquet_rows, source.paths))
+            return hub_pairs(rows, recipe, source.hub_split, langs, bad, labels)
+        return read_hub(recipe, source.hub_split, langs, bad, labels)
     return iter(())
+
+
+def cached_hub(source: Source, recipe: Recipe) -> Source:
+    """A hub split with its Parquet files downloaded once into the hub cache (`nmt.data.hub_cache`):
+    read from there; other sources, and hub splits that are not Parquet files, as they are."""
+    if source.kind != "hub" or source.hub_split is None or source.paths:
+        return source
+    files = split_files(recipe, source.hub_split)
+    if files is None:
+        return source
+    return dataclasses.replace(source, paths=files.local, ref=files.ref)
 
 
 def _mirror_root(data: DataConfig, mirror: str | None) -> Path | None:

@@ -40,6 +40,7 @@ from rich.table import Table
 
 from nmt.config import BT_TAG, Config, DataConfig, stamp_sections
 from nmt.data.clean import Cleaned, Held, clean_units, unit_path
+from nmt.data.corpora import TrainCorpus, clean_corpora, per_corpus, train_corpora
 from nmt.data.dedup import first_occurrences
 from nmt.data.normalize import normalize_source, normalize_target, strip_text
 from nmt.data.readers import Source, cached_hub, check_aligned, count_lines, find_sources, read_split
@@ -109,25 +110,56 @@ def _selected(unique: list, data: DataConfig) -> tuple[list, int]:
     return masks, sum(int(m.sum()) for m in unique) - sum(int(m.sum()) for m in masks)
 
 
-def _write_train(
-    source: Source, recipe: Recipe, data: DataConfig, tmp: dict[str, Path], held: Held, work: _Work
-) -> dict:
-    cleaned, unique = _clean(source, recipe, data, held, work)
-    dropped = {"bad_line": 0, **cleaned.dropped(), "duplicate": sum(len(m) - int(m.sum()) for m in unique)}
-    masks, dropped["subsampled"] = _selected(unique, data)
-    copies = data.backtranslation.real_upsample if data.backtranslation else 1  # a real:synthetic ratio
+def _write_train(corpora: list[TrainCorpus], data: DataConfig, tmp: dict[str, Path], held: Held, work: _Work) -> dict:
+    """The training pairs of every corpus, cleaned, deduplicated across corpora, sampled and
+    written with their weights; the split's stats (with one entry per corpus under `corpora`
+    when `data.corpora` names them)."""
+    folders = [work.folder / ("train" if i == 0 else f"train.{i}") for i in range(len(corpora))]
+    cleaned, unique = clean_corpora(corpora, data, held, folders, work.digest)
+    flat, sizes = [m for ms in unique for m in ms], [len(ms) for ms in unique]
+    chosen, _ = _selected(flat, data)
+    masks = per_corpus(chosen, sizes)
+    real = data.backtranslation.real_upsample if data.backtranslation else 1  # a real:synthetic ratio
+    stats = []
     with (
         open(tmp[f"train.{data.src_lang}"], "w", encoding="utf-8") as fs,
         open(tmp[f"train.{data.tgt_lang}"], "w", encoding="utf-8") as ft,
     ):
-        kept = _write_units(cleaned, masks, fs, ft, copies)
-    bad = cleaned.bad
-    read = _tally(bad, dropped, kept)
-    if read == bad.count:
-        raise NmtError(f"{source.label}: no usable train pairs ({bad.count} bad lines)")
-    if kept == 0:
-        raise NmtError(f"{source.label}: no train pairs left after cleaning ({read} read, dropped {_nonzero(dropped)})")
-    return {"source": source.label, "read": read, "kept": kept, "dropped": dropped, "bad_lines": bad.summary()}
+        for corpus, c, u, m in zip(corpora, cleaned, unique, masks, strict=True):
+            duplicate = sum(len(x) - int(x.sum()) for x in u)
+            dropped = {"bad_line": 0, **c.dropped(), "duplicate": duplicate, "subsampled": _count(u) - _count(m)}
+            kept = _write_units(c, m, fs, ft, corpus.weight * real)
+            read = _tally(c.bad, dropped, kept)
+            if read == c.bad.count:
+                raise NmtError(f"{corpus.source.label}: no usable train pairs ({c.bad.count} bad lines)")
+            entry = {"source": corpus.source.label, "read": read, "kept": kept, "dropped": dropped}
+            stats.append(entry | {"bad_lines": c.bad.summary()})
+            if data.corpora:
+                stats[-1] |= {"corpus": corpus.name, "weight": corpus.weight, "pairs": kept * corpus.weight * real}
+    total = stats[0] if len(stats) == 1 and not data.corpora else _totals(stats)
+    if total["kept"] == 0:
+        dropped = _nonzero(total["dropped"])
+        raise NmtError(
+            f"{total['source']}: no train pairs left after cleaning ({total['read']} read, dropped {dropped})"
+        )
+    return total
+
+
+def _count(masks: list) -> int:
+    return sum(int(m.sum()) for m in masks)
+
+
+def _totals(corpora: list[dict]) -> dict:
+    """The train split's stats summed over its corpora, each corpus's own under `corpora`."""
+    dropped = {rule: sum(c["dropped"][rule] for c in corpora) for rule in corpora[0]["dropped"]}
+    return {
+        "source": " + ".join(c["source"] for c in corpora),
+        "read": sum(c["read"] for c in corpora),
+        "kept": sum(c["kept"] for c in corpora),
+        "dropped": dropped,
+        "pairs": sum(c["pairs"] for c in corpora),
+        "corpora": corpora,
+    }
 
 
 def _tally(bad: BadLines, dropped: dict[str, int], kept: int) -> int:
@@ -225,7 +257,10 @@ def _output_names(data: DataConfig, codes: bool) -> list[str]:
     return names + ["test.codes"] if codes else names
 
 
-def _write_corpus(sources: dict[str, Source], recipe: Recipe, data: DataConfig, out: Path, work: _Work) -> dict:
+def _write_corpus(
+    sources: dict[str, Source], corpora: list[TrainCorpus], recipe: Recipe, data: DataConfig, out: Path, work: _Work
+) -> dict:
+    """Every output file of the corpus (`sources`: valid and test; `corpora`: the training corpora)."""
     codes = _codes_source(sources, recipe)
     stats: dict = {"corpus": recipe.name}
     for name in _output_names(data, True):  # temporary files of a run that was killed
@@ -241,7 +276,7 @@ def _write_corpus(sources: dict[str, Source], recipe: Recipe, data: DataConfig, 
         if codes:
             _write_codes(sources["test"], bad, stats["test"]["read"], tmp["test.codes"], labels)
         guard = Held(frozenset(held[0]), frozenset(held[1])) if data.filter_overlap else Held()
-        stats["train"] = _write_train(sources["train"], recipe, data, tmp, guard, work.split("train"))
+        stats["train"] = _write_train(corpora, data, tmp, guard, work)
         if data.backtranslation is not None:
             stats["backtranslation"] = _write_synthetic(recipe, data, tmp, guard, work.split("backtranslation"))
         tmp["stats.json"].write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -293,12 +328,15 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
     """
     data, run_dir = config.data, Path(run_dir)
     recipe = get_recipe(data.corpus)
-    sources = {split: cached_hub(s, recipe) for split, s in find_sources(recipe, data, mirror).items()}
-    for source in sources.values():  # differing plain files stop before any work
+    found = find_sources(recipe, data, mirror, need=("valid",) if data.corpora else ("train", "valid"))
+    sources = {split: cached_hub(found[split], recipe) for split in ("valid", "test")}
+    corpora = train_corpora(recipe, found["train"], data, mirror)
+    inputs = [*(c.source for c in corpora), sources["valid"], sources["test"]]
+    for source in inputs:  # differing plain files stop before any work
         if source.kind == "plain":
             check_aligned(*source.paths)
     out = run_dir / "corpus"
-    files = [p for s in sources.values() if s.kind != "hub" for p in s.paths]  # hub files: named by their commit
+    files = [p for s in inputs if s.kind != "hub" for p in s.paths]  # hub files: named by their commit
     if data.backtranslation is not None and (Path(data.backtranslation.corpus) / "train.jsonl").is_file():
         files.append(Path(data.backtranslation.corpus) / "train.jsonl")
     if _codes_source(sources, recipe) and sources["test"].kind != "hub":
@@ -306,8 +344,8 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
     settings = {k: v for k, v in stamp_sections(config)["data"].items() if k != "mirror"}
     digest = hash_files(
         files,
-        extra={"data": settings, "recipe": dataclasses.asdict(recipe), "kinds": [s.kind for s in sources.values()]}
-        | ({"hub": [s.ref for s in sources.values()]} if any(s.ref for s in sources.values()) else {}),
+        extra={"data": settings, "recipe": dataclasses.asdict(recipe), "kinds": [s.kind for s in inputs]}
+        | ({"hub": [s.ref for s in inputs]} if any(s.ref for s in inputs) else {}),
     )
     names = _output_names(data, _codes_source(sources, recipe))
     if is_fresh(run_dir, "download", digest) and all((out / n).is_file() for n in names):
@@ -315,7 +353,7 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
         return json.loads((out / "stats.json").read_text(encoding="utf-8"))
     clear_stamp(run_dir, "download")
     work = run_dir / "corpus.work"
-    stats = _write_corpus(sources, recipe, data, out, _Work(work, digest))
+    stats = _write_corpus(sources, corpora, recipe, data, out, _Work(work, digest))
     shutil.rmtree(work, ignore_errors=True)
     print_stats(stats)
     write_stamp(run_dir, "download", digest, {"corpus": recipe.name})

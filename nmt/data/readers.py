@@ -243,15 +243,22 @@ def path_source(path: str | Path, data: DataConfig, split: str, key: str) -> Sou
     return Source("plain", pair, f"{pair[0]}+{pair[1].name if ext else pair[1].suffix}")
 
 
-def find_sources(recipe: Recipe, data: DataConfig, mirror: str | None = None) -> dict[str, Source]:
-    """Where each split comes from: the mirror (argument, data.mirror, NMT_MIRROR) or the hub."""
+def find_sources(
+    recipe: Recipe,
+    data: DataConfig,
+    mirror: str | None = None,
+    need: tuple[str, ...] = ("train", "valid"),
+    key: str = "data.corpus",
+) -> dict[str, Source]:
+    """Where each split comes from: the mirror (argument, data.mirror, NMT_MIRROR) or the hub;
+    `data.valid` / `data.test` when set. NmtError (naming `key`) when a split of `need` is missing."""
     root = _mirror_root(data, mirror)
     if root is not None:
         folder = root / recipe.subdir if recipe.subdir and (root / recipe.subdir).is_dir() else root
         sources = {split: _mirror_split(folder, split, data) for split in SPLITS}
         where = f"mirror {folder} (looked for train.jsonl, train.tsv, train.{data.src_lang}+train.{data.tgt_lang})"
     elif recipe.hub is None:
-        raise NmtError(f"data.corpus: {recipe.name!r} is mirror-only: pass --mirror DIR, set data.mirror or NMT_MIRROR")
+        raise NmtError(f"{key}: {recipe.name!r} is mirror-only: pass --mirror DIR, set data.mirror or NMT_MIRROR")
     else:
         hub = dict(recipe.splits)
         sources = {
@@ -262,8 +269,8 @@ def find_sources(recipe: Recipe, data: DataConfig, mirror: str | None = None) ->
     for split, path in (("valid", data.valid), ("test", data.test)):
         if path is not None:  # named in the config: wins over the corpus's own split
             sources[split] = path_source(path, data, split, f"data.{split}")
-    if sources["train"].kind == "none":
+    if "train" in need and sources["train"].kind == "none":
         raise NmtError(f"corpus {recipe.name!r} has no train split in {where}; it can only be used for evaluation")
-    if sources["valid"].kind == "none":
+    if "valid" in need and sources["valid"].kind == "none":
         raise NmtError(f"corpus {recipe.name!r} has no validation split in {where}")
     return sources

@@ -1,0 +1,77 @@
+"""The training data of a run: the train split of `data.corpus`, or the corpora of `data.corpora`,
+each with its weight (upsampling, as OpenNMT-py's and fairseq's corpus weights).
+
+An entry is a recipe (`{corpus: NAME}`: its train split, from the mirror's folder of that recipe
+or from the hub) or a local path (`{path: DIR}`: a folder laid out like a mirror folder, or one
+file, `nmt.data.readers.path_source`). Validation and test always come from `data.corpus` (or
+`data.valid` / `data.test`), whatever the training corpora are.
+
+Each corpus is cleaned on its own units (`nmt.data.clean`, the overlap guard of valid and test
+applied to all); then duplicates are dropped over all of them in corpus order (a pair of the
+second corpus already in the first is a `duplicate` of the second), `data.max_train_pairs`
+draws over all the unique pairs, and the pairs are written corpus after corpus, unit after unit,
+each kept pair `weight` times (times `data.backtranslation.real_upsample`). The output depends
+on the inputs, the settings and the seed only, never on the number of workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from nmt.config import DataConfig
+from nmt.data.clean import Cleaned, Held, clean_units, unit_path
+from nmt.data.dedup import first_occurrences
+from nmt.data.readers import Source, cached_hub, find_sources, path_source
+from nmt.data.recipes import Recipe, get_recipe
+
+
+@dataclass(frozen=True)
+class TrainCorpus:
+    """One training corpus: where its train split is, how its records read, how often it is written."""
+
+    name: str  # the recipe name or the path, for the report
+    source: Source
+    recipe: Recipe  # a hub recipe's columns and samples; a file's records read the same for any recipe
+    weight: int = 1
+
+
+def train_corpora(recipe: Recipe, train: Source, data: DataConfig, mirror: str | None) -> list[TrainCorpus]:
+    """The training corpora of the config: `data.corpora`'s, or the train split of `data.corpus`
+    (`recipe`; `train`, already found) when it is empty. Hub splits are downloaded here, once."""
+    if not data.corpora:
+        return [TrainCorpus(recipe.name, cached_hub(train, recipe), recipe)]
+    out = []
+    for i, entry in enumerate(data.corpora):
+        key = f"data.corpora[{i}]"
+        if entry.corpus:
+            own = get_recipe(entry.corpus)
+            found = find_sources(own, data, mirror, need=("train",), key=f"{key}.corpus")["train"]
+            out.append(TrainCorpus(entry.corpus, cached_hub(found, own), own, entry.weight))
+        else:
+            out.append(
+                TrainCorpus(entry.path, path_source(entry.path, data, "train", f"{key}.path"), recipe, entry.weight)
+            )
+    return out
+
+
+def clean_corpora(
+    corpora: list[TrainCorpus], data: DataConfig, held: Held, folders: list[Path], digest: str
+) -> tuple[list[Cleaned], list[list[np.ndarray]]]:
+    """Each corpus cleaned into its folder (`folders[i]`); per corpus, per unit, the mask of the
+    pairs that repeat no earlier pair of any corpus (all True without `data.dedup`)."""
+    cleaned = [
+        clean_units(c.source, c.recipe, data, held, folder, digest) for c, folder in zip(corpora, folders, strict=True)
+    ]
+    if not data.dedup:
+        return cleaned, [[np.ones(n, dtype=bool) for n in c.kept] for c in cleaned]
+    keys = [unit_path(c.folder, i, ".keys.npy") for c in cleaned for i in range(len(c.counts))]
+    return cleaned, per_corpus(first_occurrences(keys, folders[0]), [len(c.counts) for c in cleaned])
+
+
+def per_corpus(masks: list[np.ndarray], sizes: list[int]) -> list[list[np.ndarray]]:
+    """A flat list of unit masks cut back into one list per corpus (`sizes`: units per corpus)."""
+    bounds = np.cumsum([0, *sizes])
+    return [masks[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]

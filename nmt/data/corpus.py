@@ -318,7 +318,21 @@ def print_stats(stats: dict, console: Console | None = None) -> None:
         table.add_row(row, *(str(stats[split][row]) for split in SPLITS))
     for rule in TRAIN_RULES:
         table.add_row(f"- {rule}", *(str(stats[split]["dropped"].get(rule, "")) for split in SPLITS))
-    (console or Console(stderr=True)).print(table)
+    console = console or Console(stderr=True)
+    console.print(table)
+    if "corpora" in stats["train"]:
+        console.print(_corpora_table(stats["train"]["corpora"]))
+
+
+def _corpora_table(corpora: list[dict]) -> Table:
+    """The training corpora of `data.corpora`: pairs read and kept, the weight, the pairs written."""
+    table = Table(title="training corpora")
+    for column in ("corpus", "read", "kept", "- duplicate", "weight", "pairs"):
+        table.add_column(column, justify="left" if column == "corpus" else "right")
+    for c in corpora:
+        row = (c["read"], c["kept"], c["dropped"]["duplicate"], c["weight"], c["pairs"])
+        table.add_row(c["corpus"], *map(str, row))
+    return table
 
 
 def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> dict:

@@ -158,3 +158,19 @@ def test_a_hub_corpus_among_them_is_downloaded_once(tmp_path, inputs, monkeypatc
     with pytest.warns(UserWarning, match="no test split"):
         second = prepare_corpus(config_from_dict(raw), tmp_path / "b")
     assert hub.downloads == [] and second == first
+
+
+def test_the_printed_report_has_a_row_per_corpus(tmp_path, inputs):
+    import io
+
+    from rich.console import Console
+
+    from nmt.data.corpus import print_stats
+
+    mirror, mine = inputs
+    stats = prepare(tmp_path, "run", mirror, [{"corpus": "wmt19"}, {"path": str(mine), "weight": 3}])
+    out = io.StringIO()
+    print_stats(stats, Console(file=out, width=200))
+    rows = [line for line in out.getvalue().splitlines() if line.startswith(("│ wmt19", f"│ {mine}"))]
+    second = stats["train"]["corpora"][1]
+    assert len(rows) == 2 and rows[1].split("│")[-2].strip() == str(second["pairs"])

@@ -249,10 +249,15 @@ def find_sources(
     mirror: str | None = None,
     need: tuple[str, ...] = ("train", "valid"),
     key: str = "data.corpus",
+    own_folder: bool = False,
 ) -> dict[str, Source]:
     """Where each split comes from: the mirror (argument, data.mirror, NMT_MIRROR) or the hub;
-    `data.valid` / `data.test` when set. NmtError (naming `key`) when a split of `need` is missing."""
+    `data.valid` / `data.test` when set. NmtError (naming `key`) when a split of `need` is missing.
+    A mirror's folder of the recipe (`recipe.subdir`) is read, or its top folder when it has none
+    there, unless `own_folder` (one of several corpora: the top folder is not this one's)."""
     root = _mirror_root(data, mirror)
+    if root is not None and own_folder and recipe.subdir and not (root / recipe.subdir).is_dir():
+        raise NmtError(f"{key}: {recipe.name!r}: the mirror {root} has no folder {recipe.subdir}")
     if root is not None:
         folder = root / recipe.subdir if recipe.subdir and (root / recipe.subdir).is_dir() else root
         sources = {split: _mirror_split(folder, split, data) for split in SPLITS}

@@ -174,3 +174,11 @@ def test_the_printed_report_has_a_row_per_corpus(tmp_path, inputs):
     rows = [line for line in out.getvalue().splitlines() if line.startswith(("│ wmt19", f"│ {mine}"))]
     second = stats["train"]["corpora"][1]
     assert len(rows) == 2 and rows[1].split("│")[-2].strip() == str(second["pairs"])
+
+
+def test_a_recipe_missing_from_the_mirror_is_one_line_naming_the_entry(tmp_path, inputs):
+    """Not the mirror's top folder instead: that would be another corpus's files."""
+    mirror, _ = inputs
+    message = r"data.corpora\[1\].corpus: 'opus100': the mirror .* has no folder opus100-en-zh"
+    with pytest.raises(NmtError, match=message):
+        prepare(tmp_path, "run", mirror, [{"corpus": "wmt19"}, {"corpus": "opus100"}])

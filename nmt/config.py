@@ -43,7 +43,9 @@ class CorpusEntry:
 
     corpus: str = ""  # a recipe name (its train split, from the mirror or the hub), or
     path: str = ""  # a folder laid out like a mirror folder (train.jsonl, train.zh + train.en, ...) or one file
-    weight: int = 1  # each kept pair of this corpus is written this many times (upsampling)
+    # each kept pair of this corpus is written this many times (upsampling); 1.5: every pair once,
+    # and a seeded half of them (by pair hash) twice
+    weight: float = 1.0
 
 
 BT_TAG = "⦅BT⦆"  # starts every tagged synthetic source (Caswell et al., 2019, "Tagged Back-Translation")

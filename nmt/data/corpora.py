@@ -10,7 +10,8 @@ Each corpus is cleaned on its own units (`nmt.data.clean`, the overlap guard of 
 applied to all); then duplicates are dropped over all of them in corpus order (a pair of the
 second corpus already in the first is a `duplicate` of the second), `data.max_train_pairs`
 draws over all the unique pairs, and the pairs are written corpus after corpus, unit after unit,
-each kept pair `weight` times (times `data.backtranslation.real_upsample`). The output depends
+each kept pair `weight` times (times `data.backtranslation.real_upsample`): a fractional weight
+such as 1.5 writes every pair once and a seeded half of them (chosen by pair hash) once more. The output depends
 on the inputs, the settings and the seed only, never on the number of workers.
 """
 
@@ -35,7 +36,7 @@ class TrainCorpus:
     name: str  # the recipe name or the path, for the report
     source: Source
     recipe: Recipe  # a hub recipe's columns and samples; a file's records read the same for any recipe
-    weight: int = 1
+    weight: float = 1.0
 
 
 def train_corpora(recipe: Recipe, train: Source, data: DataConfig, mirror: str | None) -> list[TrainCorpus]:
@@ -76,3 +77,33 @@ def per_corpus(masks: list[np.ndarray], sizes: list[int]) -> list[list[np.ndarra
     """A flat list of unit masks cut back into one list per corpus (`sizes`: units per corpus)."""
     bounds = np.cumsum([0, *sizes])
     return [masks[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def pair_copies(cleaned: Cleaned, weight: float, seed: int) -> int | list[np.ndarray]:
+    """How many times each pair of a corpus is written for `weight` (>= 1): the whole number,
+    or, for a fractional weight, per unit an array: floor(weight) for every pair and one more
+    for the pairs whose seeded hash falls below the fraction (a fixed subset, set by the pairs
+    and `seed`, never by the workers)."""
+    whole = int(weight)
+    if weight == whole:
+        return whole
+    return [
+        whole + (_uniform(np.load(unit_path(cleaned.folder, i, ".keys.npy")), seed) < weight - whole)
+        for i in range(len(cleaned.counts))
+    ]
+
+
+def written_pairs(copies: int | list[np.ndarray], masks: list[np.ndarray]) -> int:
+    """The lines a corpus writes: its kept pairs (`masks`) times their copies (`pair_copies`)."""
+    if isinstance(copies, int):
+        return copies * sum(int(m.sum()) for m in masks)
+    return sum(int(n[m].sum()) for n, m in zip(copies, masks, strict=True))
+
+
+def _uniform(keys: np.ndarray, seed: int) -> np.ndarray:
+    """A number in [0, 1) per 64-bit pair hash, mixed with `seed` (splitmix64's finaliser)."""
+    x = keys.astype(np.uint64) ^ np.uint64((seed * 0x9E3779B97F4A7C15) % (1 << 64))
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
 import shutil
 import warnings
@@ -40,7 +41,7 @@ from rich.table import Table
 
 from nmt.config import BT_TAG, Config, DataConfig, stamp_sections
 from nmt.data.clean import Cleaned, Held, clean_units, unit_path
-from nmt.data.corpora import TrainCorpus, clean_corpora, per_corpus, train_corpora
+from nmt.data.corpora import TrainCorpus, clean_corpora, pair_copies, per_corpus, train_corpora, written_pairs
 from nmt.data.dedup import first_occurrences
 from nmt.data.normalize import normalize_source, normalize_target, strip_text
 from nmt.data.readers import Source, cached_hub, check_aligned, count_lines, find_sources, read_split
@@ -76,9 +77,10 @@ def _clean(source: Source, recipe: Recipe, data: DataConfig, held: Held, work: _
     return cleaned, masks
 
 
-def _write_units(cleaned: Cleaned, masks: list, fs: TextIO, ft: TextIO, copies: int = 1, tag: str = "") -> int:
-    """The pairs of every unit whose mask is True, in unit order, each `copies` times (source
-    prefixed with `tag`); how many distinct pairs were written."""
+def _write_units(cleaned: Cleaned, masks: list, fs: TextIO, ft: TextIO, copies: int | list = 1, tag: str = "") -> int:
+    """The pairs of every unit whose mask is True, in unit order, each `copies` times (or
+    `copies[unit][pair]` times: `nmt.data.corpora.pair_copies`), source prefixed with `tag`;
+    how many distinct pairs were written."""
     written = 0
     for i, mask in enumerate(masks):
         with (
@@ -89,10 +91,11 @@ def _write_units(cleaned: Cleaned, masks: list, fs: TextIO, ft: TextIO, copies: 
                 shutil.copyfileobj(a, fs)
                 shutil.copyfileobj(b, ft)
             else:
-                for keep, s, t in zip(mask.tolist(), a, b, strict=True):
+                times = itertools.repeat(copies) if isinstance(copies, int) else copies[i].tolist()
+                for keep, n, s, t in zip(mask.tolist(), times, a, b, strict=False):
                     if keep:
-                        fs.write((tag + s) * copies)
-                        ft.write(t * copies)
+                        fs.write((tag + s) * n)
+                        ft.write(t * n)
         written += int(mask.sum())
     return written
 
@@ -128,14 +131,16 @@ def _write_train(corpora: list[TrainCorpus], data: DataConfig, tmp: dict[str, Pa
         for corpus, c, u, m in zip(corpora, cleaned, unique, masks, strict=True):
             duplicate = sum(len(x) - int(x.sum()) for x in u)
             dropped = {"bad_line": 0, **c.dropped(), "duplicate": duplicate, "subsampled": _count(u) - _count(m)}
-            kept = _write_units(c, m, fs, ft, corpus.weight * real)
+            copies = pair_copies(c, corpus.weight * real, data.seed)
+            kept = _write_units(c, m, fs, ft, copies)
             read = _tally(c.bad, dropped, kept)
             if read == c.bad.count:
                 raise NmtError(f"{corpus.source.label}: no usable train pairs ({c.bad.count} bad lines)")
             entry = {"source": corpus.source.label, "read": read, "kept": kept, "dropped": dropped}
             stats.append(entry | {"bad_lines": c.bad.summary()})
             if data.corpora:
-                stats[-1] |= {"corpus": corpus.name, "weight": corpus.weight, "pairs": kept * corpus.weight * real}
+                written = written_pairs(copies, m)
+                stats[-1] |= {"corpus": corpus.name, "weight": corpus.weight, "pairs": written}
     total = stats[0] if len(stats) == 1 and not data.corpora else _totals(stats)
     if total["kept"] == 0:
         dropped = _nonzero(total["dropped"])

@@ -83,7 +83,7 @@ def test_one_or_two_workers_give_the_same_bytes(tmp_path, inputs, monkeypatch):
     mirror, mine = inputs
     monkeypatch.setattr(units, "UNIT_BYTES", 4096)
     monkeypatch.setattr(units, "UNIT_LINES", 40)
-    corpora = [{"corpus": "wmt19", "weight": 2}, {"path": str(mine), "weight": 3}]
+    corpora = [{"corpus": "wmt19", "weight": 2}, {"path": str(mine), "weight": 2.5}]
     one = prepare(tmp_path, "one", mirror, corpora, max_train_pairs=200)
     two = prepare(tmp_path, "two", mirror, corpora, max_train_pairs=200, workers=2)
     assert one == two and one["train"]["kept"] == 200
@@ -110,10 +110,11 @@ def test_the_resolved_config_is_saved_and_read_back(tmp_path):
     ("corpora", "message"),
     [
         ([{"corpus": "wmt91"}], r"data.corpora\[0\].corpus: unknown corpus 'wmt91' \(did you mean 'wmt19'\?\)"),
-        ([{"corpus": "wmt19"}, {"path": "x", "weight": 0}], r"data.corpora\[1\].weight: 0 must be at least 1"),
+        ([{"corpus": "wmt19"}, {"path": "x", "weight": 0}], r"data.corpora\[1\].weight: 0.0 must be at least 1"),
         ([{"corpus": "wmt19", "path": "x"}], r"data.corpora\[0\]: give either corpus: NAME or path: DIR"),
         ([{"path": "x", "weigth": 2}], r"unknown key data.corpora\[0\].weigth \(did you mean 'weight'\?\)"),
-        ([{"path": "x", "weight": 1.5}], r"data.corpora\[0\].weight: expected int, got 1.5"),
+        ([{"path": "x", "weight": 0.5}], r"data.corpora\[0\].weight: 0.5 must be at least 1"),
+        ([{"path": "x", "weight": "x"}], r"data.corpora\[0\].weight: expected float, got 'x'"),
         ("wmt19", r"data.corpora\[0\]: expected CorpusEntry, got 'wmt19'"),
     ],
 )
@@ -182,3 +183,18 @@ def test_a_recipe_missing_from_the_mirror_is_one_line_naming_the_entry(tmp_path,
     message = r"data.corpora\[1\].corpus: 'opus100': the mirror .* has no folder opus100-en-zh"
     with pytest.raises(NmtError, match=message):
         prepare(tmp_path, "run", mirror, [{"corpus": "wmt19"}, {"corpus": "opus100"}])
+
+
+def test_a_fractional_weight_repeats_a_seeded_share_of_the_pairs_once_more(tmp_path, inputs):
+    mirror, mine = inputs
+    stats = prepare(tmp_path, "run", mirror, [{"path": str(mine), "weight": 1.5}, {"corpus": "wmt19"}])
+    first = stats["train"]["corpora"][0]
+    zh = lines(tmp_path / "run/corpus/train.zh")
+    assert len(zh) == stats["train"]["pairs"] == first["pairs"] + len(MAIN) - len(SHARED)
+    assert 0.3 * first["kept"] < first["pairs"] - first["kept"] < 0.7 * first["kept"]  # about half twice
+    mine_lines = zh[: first["pairs"]]
+    twice = {z for z in mine_lines if mine_lines.count(z) == 2}
+    assert len(twice) == first["pairs"] - first["kept"] and len(set(mine_lines)) == first["kept"]
+    again = prepare(tmp_path, "again", mirror, [{"path": str(mine), "weight": 1.5}, {"corpus": "wmt19"}], seed=2)
+    other = lines(tmp_path / "again/corpus/train.zh")[: again["train"]["corpora"][0]["pairs"]]
+    assert {z for z in other if other.count(z) == 2} != twice  # the seed picks the share

@@ -6,12 +6,17 @@ mirror has a `test.codes.txt` next to the test file (or the hub recipe has a lab
 its bad lines by reason with the first line number) and `manifest.json` (sha256 and line count
 of every file). All files of one call appear together or not at all.
 
-Train is cleaned on `data.workers` processes (`nmt.data.clean`: normalised with
+Train is the train split of `data.corpus`, or the corpora of `data.corpora`, each written
+`weight` times (`nmt.data.corpora`; stats.json then counts each under `train.corpora`). It is
+cleaned on `data.workers` processes (`nmt.data.clean`: normalised with
 `normalize_source`/`normalize_target` and filtered, unit by unit), then duplicates are dropped,
-first occurrence kept (`nmt.data.dedup`), then `data.max_train_pairs` keeps exactly that many,
-seeded (`nmt.data.sample`); the units are concatenated in order, so the output is the same for
-any number of workers. Their work folder `<run>/corpus.work/` lets a killed run continue at the
-first unfinished unit; it is removed when the corpus is written. Valid and test are the raw
+first occurrence kept, across corpora (`nmt.data.dedup`), then `data.max_train_pairs` keeps
+exactly that many, seeded (`nmt.data.sample`); the units are concatenated in order, so the
+output is the same for any number of workers. A hub split is downloaded once into the hub cache
+and read from its Parquet row groups (`nmt.data.hub_cache`). Valid and test come from
+`data.corpus`, or from the files `data.valid` / `data.test` name. The work folder
+`<run>/corpus.work/` lets a killed run continue at the first unfinished unit; it is removed
+when the corpus is written. Valid and test are the raw
 references, only whitespace-stripped (line breaks and tabs inside a sentence become spaces), so
 that BLEU stays comparable with published numbers; valid drops pairs whose both sides are empty.
 Sources are normalised at translation time with `normalize_source`.

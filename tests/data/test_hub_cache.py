@@ -164,3 +164,30 @@ def test_a_download_that_fails_is_one_line_naming_the_dataset(tmp_path, monkeypa
         prepare_corpus(config, tmp_path / "run")
     assert "\n" not in str(err.value) and "--mirror DIR" in str(err.value) and hub.downloads == []
     assert not list((tmp_path / "hf").rglob("*.json"))  # nothing remembered: the next run resolves again
+
+
+def test_a_stopped_preparation_continues_at_the_first_unfinished_row_group_unit(tmp_path, monkeypatch):
+    from nmt.data import clean
+
+    monkeypatch.setattr(units, "UNIT_LINES", 10)
+    FakeHub(monkeypatch, tmp_path / "hf", wmt_tables())
+    whole = prepare(tmp_path, "whole")
+    original, calls = clean.clean_unit, []
+
+    def stop_at_the_fourth(unit):
+        if unit.index == 3:
+            raise KeyboardInterrupt
+        return original(unit)
+
+    monkeypatch.setattr(clean, "clean_unit", stop_at_the_fourth)
+    with pytest.raises(KeyboardInterrupt), pytest.warns(UserWarning, match="no test split"):
+        prepare_corpus(config_from_dict({"data": {"corpus": "wmt19", "workers": 1}}), tmp_path / "run")
+    work = tmp_path / "run/corpus.work/train"
+
+    def counting(unit):
+        calls.append(clean.unit_path(work, unit.index, ".json").is_file())
+        return original(unit)
+
+    monkeypatch.setattr(clean, "clean_unit", counting)
+    assert prepare(tmp_path, "run") == whole and corpus_bytes(tmp_path / "run") == corpus_bytes(tmp_path / "whole")
+    assert calls[:4] == [True, True, True, False] and len(calls) > 4

@@ -37,6 +37,17 @@ class BacktranslationConfig:
     max_pairs: int | None = None  # use at most this many synthetic pairs (the first ones)
 
 
+@dataclass
+class CorpusEntry:
+    """One training corpus of `data.corpora`: a recipe name or a local path, and its weight."""
+
+    corpus: str = ""  # a recipe name (its train split, from the mirror or the hub), or
+    path: str = ""  # a folder laid out like a mirror folder (train.jsonl, train.zh + train.en, ...) or one file
+    # each kept pair of this corpus is written this many times (upsampling); 1.5: every pair once,
+    # and a seeded half of them (by pair hash) twice
+    weight: float = 1.0
+
+
 BT_TAG = "⦅BT⦆"  # starts every tagged synthetic source (Caswell et al., 2019, "Tagged Back-Translation")
 
 
@@ -62,6 +73,11 @@ class DataConfig:
     passthrough: list[str] = field(default_factory=lambda: list(PASSTHROUGH_KINDS))
     protected_terms: list[str] = field(default_factory=list)  # always passed through (case-sensitive)
     backtranslation: BacktranslationConfig | None = None  # {corpus: DIR, tag: true, ...}; null = real pairs only
+    # training corpora, each [{corpus: NAME} or {path: DIR}, weight: N]; [] = the train split of data.corpus.
+    # Valid and test still come from data.corpus (or data.valid / data.test); dedup spans all of them
+    corpora: list[CorpusEntry] = field(default_factory=list)
+    valid: str | None = None  # a local file instead of data.corpus's validation split (.jsonl, .tsv, or x.zh + x.en)
+    test: str | None = None  # the same for the test split (e.g. newstest2019 for wmt19, docs/training-on-wmt.md)
 
     @property
     def src_lang(self) -> str:
@@ -234,6 +250,8 @@ def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
         value = raw.get(section) or {}
         if section == "data" and isinstance(value, dict):
             value = _direction_from_languages(value, source)
+            if value.get("corpora") and "corpus" not in value:  # else valid/test would quietly be tatoeba's
+                raise ConfigError(f"{source}: data.corpora: also name data.corpus (its valid and test splits are used)")
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: {section}: expected a mapping, got {type(value).__name__}")
         kwargs[section] = build_section(_SECTION_CLASSES[section], value, section, source)
@@ -256,6 +274,7 @@ def stamp_sections(config: Config) -> dict[str, dict]:
             vocab[f"{side}_coverage"] = 0.9995 if lang == "zh" else 1.0
     train = {k: v for k, v in sections["train"].items() if k != "init_from" or v}
     data = {k: v for k, v in data.items() if k != "backtranslation" or v is not None}
+    data = {k: v for k, v in data.items() if k not in ("corpora", "valid", "test") or v}  # unset: as before them
     return {**sections, "data": data, "vocab": vocab, "train": train}
 
 
@@ -375,8 +394,24 @@ def _check_data(data: DataConfig, need: Need) -> None:
         need(kind in PASSTHROUGH_KINDS, "data.passthrough", f"unknown kind {kind!r}{suggest(kind, PASSTHROUGH_KINDS)}")
     for term in data.protected_terms:
         need(term.strip() == term != "" and "\n" not in term, "data.protected_terms", f"{term!r}: blank or padded term")
+    _check_corpora(data, need)
     # Host-dependent needs (flash attention needs CUDA) are checked where the model runs
     # (nmt.model.attention.resolve_backend), not here: a run trained on a GPU must load anywhere.
+
+
+def _check_corpora(data: DataConfig, need: Need) -> None:
+    """Each `data.corpora` entry names a known recipe or a path (not both) and a weight >= 1."""
+    from nmt.data.recipes import RECIPES
+
+    for i, entry in enumerate(data.corpora):
+        key = f"data.corpora[{i}]"
+        need(bool(entry.corpus) != bool(entry.path), key, "give either corpus: NAME or path: DIR")
+        if entry.corpus:
+            hint = suggest(entry.corpus, RECIPES)
+            need(entry.corpus in RECIPES, f"{key}.corpus", f"unknown corpus {entry.corpus!r}{hint}")
+        need(entry.weight >= 1, f"{key}.weight", f"{entry.weight} must be at least 1")
+    for key in ("valid", "test"):
+        need(getattr(data, key) != "", f"data.{key}", "is empty (a file path, or null for data.corpus's split)")
 
 
 # --------------------------------------------------------------------------- saving

@@ -113,8 +113,10 @@ class TrainConfig:
     update_freq: int = 1  # gradient accumulation
     lr: float = 1e-3
     warmup: int = 1000
-    schedule: Literal["inverse_sqrt", "cosine"] = "inverse_sqrt"
-    min_lr: float = 0.0  # floor of the cosine schedule
+    # inverse_sqrt; cosine (to min_lr at max_steps); budget-linear / budget-cosine: to min_lr as the
+    # train.max_time budget runs out, on the elapsed fraction of it after warm-up (nmt/train/objective.py)
+    schedule: Literal["inverse_sqrt", "cosine", "budget-linear", "budget-cosine"] = "inverse_sqrt"
+    min_lr: float = 0.0  # floor of the cosine and budget schedules
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-8
     weight_decay: float = 0.0
@@ -309,6 +311,11 @@ def validate(c: Config, source: str = "<config>") -> None:
         parse_duration(c.train.max_time)
     except ValueError as e:
         raise ConfigError(f"{source}: train.max_time: {e}") from None
+    need(
+        not c.train.schedule.startswith("budget-") or bool(c.train.max_time),
+        "train.schedule",
+        f"{c.train.schedule} decays over the time budget: set train.max_time (e.g. 20m)",
+    )
     _check_decode(c.decode, need)
     _check_data(c.data, need)
 

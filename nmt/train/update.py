@@ -70,6 +70,7 @@ class TrainState:
     nonfinite_total: int = 0
     tokens: int = 0  # target tokens trained on (all ranks)
     elapsed: float = 0.0  # training-loop wall seconds (updates, validation, checkpoints), summed over resumed runs
+    warmup_elapsed: float = 0.0  # `elapsed` at update train.warmup: where the budget schedules start to decay
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -166,7 +167,9 @@ class Trainer:
         tokens, scale = self._normaliser(sum(c[0] for c in counts))
         sums = self._forward_backward(moved, scale)
         number = self.state.step + 1
-        lr = learning_rate(number, self.cfg)
+        if number <= self.cfg.warmup:
+            self.state.warmup_elapsed = self.state.elapsed
+        lr = learning_rate(number, self.cfg, self.state.elapsed, self.state.warmup_elapsed)
         norm, bad, overflow = self._apply(lr, sums[0])
         self.state.step = number  # provisional: `flush` takes it back if the update was skipped
         result = StepResult(number, lr, sum(c[1] for c in counts), sum(c[2] for c in counts), self.flush)

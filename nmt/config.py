@@ -98,7 +98,8 @@ class ModelConfig:
     decoder_layers: int = 6
     ffn_dim: int = 2048
     dropout: float = 0.1
-    attention_dropout: float = 0.0
+    attention_dropout: float = 0.0  # on the attention weights
+    activation_dropout: float = 0.0  # on the FFN's inner activations (model.dropout is on the residual branches)
     activation: Literal["relu", "gelu"] = "relu"
     norm: Literal["pre", "post"] = "pre"
     positions: Literal["sinusoidal", "learned"] = "sinusoidal"
@@ -329,6 +330,7 @@ def _check_model(m: ModelConfig, need: Need) -> None:
     need(m.ffn_dim > 0, "model.ffn_dim", "must be positive")
     need(0.0 <= m.dropout < 1.0, "model.dropout", f"{m.dropout} is outside [0, 1)")
     need(0.0 <= m.attention_dropout < 1.0, "model.attention_dropout", f"{m.attention_dropout} is outside [0, 1)")
+    need(0.0 <= m.activation_dropout < 1.0, "model.activation_dropout", f"{m.activation_dropout} is outside [0, 1)")
     need(m.max_positions > 0, "model.max_positions", "must be positive")
 
 

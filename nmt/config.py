@@ -122,6 +122,16 @@ class TrainConfig:
     eps: float = 1e-8
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
+    # regularisers for small data (0 = off each; nmt/train/regularisers.py, nmt/train/ema.py,
+    # nmt/data/subword_sampling.py): training batches only, never validation or decoding
+    src_word_dropout: float = 0.0  # probability that a source piece is replaced by <unk>
+    rdrop_alpha: float = 0.0  # R-Drop: weight of the symmetric KL between two dropout passes (2 forwards)
+    # exponential moving average of the weights, updated after every update; when on, validation,
+    # best/averaged/final checkpoints and export use it (raw weights kept for resume); e.g. 0.998
+    ema_decay: float = 0.0
+    # SentencePiece subword sampling of the training pairs (unigram vocab): re-encode each pair
+    # with sampling, this alpha (smaller = more varied segmentations, e.g. 0.1-0.5)
+    subword_alpha: float = 0.0
     clip_norm: float = 1.0  # 0 disables clipping
     max_len: int = 256  # pairs with a longer side (in pieces) are skipped
     max_steps: int = 0  # 0 = no limit
@@ -259,7 +269,12 @@ def stamp_sections(config: Config) -> dict[str, dict]:
             vocab[f"{side}_coverage"] = 0.9995 if lang == "zh" else 1.0
     train = {k: v for k, v in sections["train"].items() if k != "init_from" or v}
     data = {k: v for k, v in data.items() if k != "backtranslation" or v is not None}
-    return {**sections, "data": data, "vocab": vocab, "train": train}
+    train = {k: v for k, v in train.items() if k not in _REGULARISERS or v}  # off: spelled as before they existed
+    model = {k: v for k, v in sections["model"].items() if k != "activation_dropout" or v}
+    return {**sections, "data": data, "vocab": vocab, "model": model, "train": train}
+
+
+_REGULARISERS = ("src_word_dropout", "rdrop_alpha", "ema_decay", "subword_alpha")  # train keys, 0 = off
 
 
 def _direction_from_languages(data: dict, source: str) -> dict:
@@ -352,6 +367,10 @@ def _check_train(t: TrainConfig, m: ModelConfig, need: Need) -> None:
     need(all(0.0 <= b < 1.0 for b in t.betas), "train.betas", "each beta must be in [0, 1)")
     need(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
     need(t.clip_norm >= 0, "train.clip_norm", "must be >= 0")
+    need(0.0 <= t.src_word_dropout < 1.0, "train.src_word_dropout", f"{t.src_word_dropout} is outside [0, 1)")
+    need(t.rdrop_alpha >= 0, "train.rdrop_alpha", "must be >= 0")
+    need(0.0 <= t.ema_decay < 1.0, "train.ema_decay", f"{t.ema_decay} is outside [0, 1) (0 = off)")
+    need(0.0 <= t.subword_alpha <= 1.0, "train.subword_alpha", f"{t.subword_alpha} is outside [0, 1] (0 = off)")
     need(t.max_len >= 2, "train.max_len", "must be at least 2")
     need(
         t.max_len < m.max_positions,

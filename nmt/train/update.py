@@ -49,6 +49,7 @@ from nmt.errors import NmtError
 from nmt.model.masks import Packing
 from nmt.train.distributed import all_reduce_sum, world_size
 from nmt.train.objective import build_optimizer, label_smoothed_nll, learning_rate, set_learning_rate
+from nmt.train.regularisers import drop_source_words, symmetric_kl
 
 Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src (B,S), tgt_in (B,T), tgt_out (B,T)
 Packings = tuple[Packing, Packing] | None  # (source, target), on the device
@@ -218,16 +219,37 @@ class Trainer:
         return total, (world_size() / total).float()
 
     def _forward_backward(self, batches: list[tuple], scale: float | torch.Tensor) -> torch.Tensor:
-        """Backward of every micro-batch's loss × `scale`; (loss sum, NLL sum) float64, summed over ranks."""
+        """Backward of every micro-batch's loss × `scale`; (loss sum, NLL sum) float64, summed over ranks.
+        The source word dropout of ``train.src_word_dropout`` applies here (training only)."""
         sums = torch.zeros(2, dtype=torch.float64, device=self.device)
         for i, (src, tgt_in, tgt_out, packing) in enumerate(batches):
+            src = drop_source_words(src, self.cfg.src_word_dropout)
             with self._no_sync(last=i == len(batches) - 1):
-                with autocast(self.device, self.cfg.precision):
-                    logits, target = self._logits(src, tgt_in, tgt_out, packing)
-                loss, nll, _ = label_smoothed_nll(logits, target, self.cfg.label_smoothing, packed=self.packed)
-                self.scaler.scale(loss * scale).backward()
+                objective, loss, nll = self._loss(src, tgt_in, tgt_out, packing)
+                self.scaler.scale(objective * scale).backward()
             sums += torch.stack([loss.detach(), nll]).double()
         return all_reduce_sum(sums)
+
+    def _loss(
+        self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, packing: Packings
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(objective to differentiate, label-smoothed loss sum, NLL sum) of one micro-batch.
+
+        With ``train.rdrop_alpha`` > 0 (R-Drop): two passes under different dropout masks; the loss
+        and NLL are the means of the two, the objective adds α × their symmetric KL
+        (`nmt.train.regularisers.symmetric_kl`). Otherwise one pass, objective = loss."""
+        eps, passes = self.cfg.label_smoothing, 2 if self.cfg.rdrop_alpha > 0 else 1
+        outs = []
+        for _ in range(passes):
+            with autocast(self.device, self.cfg.precision):
+                logits, target = self._logits(src, tgt_in, tgt_out, packing)
+            outs.append((logits, *label_smoothed_nll(logits, target, eps, packed=self.packed)[:2]))
+        if passes == 1:
+            return outs[0][1], outs[0][1], outs[0][2]
+        (a, loss_a, nll_a), (b, loss_b, nll_b) = outs
+        loss = (loss_a + loss_b) / 2
+        kl = symmetric_kl(a, b, target, packed=self.packed)
+        return loss + self.cfg.rdrop_alpha * kl, loss, (nll_a + nll_b) / 2
 
     def _logits(
         self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, packing: Packings

@@ -48,6 +48,7 @@ from nmt.device import autocast, grad_scaler
 from nmt.errors import NmtError
 from nmt.model.masks import Packing
 from nmt.train.distributed import all_reduce_sum, world_size
+from nmt.train.ema import WeightAverage
 from nmt.train.objective import build_optimizer, label_smoothed_nll, learning_rate, set_learning_rate
 from nmt.train.regularisers import drop_source_words, symmetric_kl
 
@@ -158,6 +159,8 @@ class Trainer:
         self.takes_packing = "packing" in inspect.signature(unwrap(model).forward).parameters
         self.fused = bool(self.optimizer.defaults.get("fused"))  # its step takes found_inf: skips on the device
         self._pending: list[_Pending] = []
+        # train.ema_decay: the average starts from the weights the run starts from (nmt/train/ema.py)
+        self.ema = WeightAverage(unwrap(model), cfg.ema_decay) if cfg.ema_decay > 0 else None
 
     def update(self, batches: list[Batch | Tensors]) -> StepResult:
         """Forward/backward every micro-batch, then one optimizer step (skipped on the device where
@@ -172,6 +175,8 @@ class Trainer:
             self.state.warmup_elapsed = self.state.elapsed
         lr = learning_rate(number, self.cfg, self.state.elapsed, self.state.warmup_elapsed)
         norm, bad, overflow = self._apply(lr, sums[0])
+        if self.ema is not None:
+            self.ema.update(number)
         self.state.step = number  # provisional: `flush` takes it back if the update was skipped
         result = StepResult(number, lr, sum(c[1] for c in counts), sum(c[2] for c in counts), self.flush)
         stats = torch.stack([sums[0], sums[1], tokens, norm.double(), bad.double()])
@@ -323,17 +328,27 @@ class Trainer:
     # ----------------------------------------------------------------- checkpoint state
 
     def state_dict(self) -> dict:
-        """What a checkpoint saves (pending updates are settled first)."""
+        """What a checkpoint saves (pending updates are settled first). With ``train.ema_decay``
+        also ``raw_weights``: the model's own weights, while the checkpoint's weights are the average."""
         self.flush()
+        raw = {"raw_weights": self.ema.raw_weights()} if self.ema is not None else {}
         return {
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
             "scheduler": {"schedule": self.cfg.schedule, "step": self.state.step},
             "train": self.state.to_dict(),
             "rng": rng_state(),
+            **raw,
         }
 
     def load_state_dict(self, d: dict, restore_rng: bool = True) -> None:
+        """Restore a checkpoint's trainer state into this trainer, whose model holds the checkpoint's
+        weights. Where the checkpoint kept ``raw_weights`` (an EMA run), those go back into the
+        model and the checkpoint's weights become the average (`nmt.train.ema`)."""
+        if "raw_weights" in d:
+            if self.ema is not None:
+                self.ema.restart_from_model()
+            unwrap(self.model).load_state_dict(d["raw_weights"])
         self.optimizer.load_state_dict(d["optimizer"])
         if d.get("scaler") and self.scaler.is_enabled():
             self.scaler.load_state_dict(d["scaler"])

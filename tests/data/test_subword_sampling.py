@@ -29,8 +29,8 @@ def models(tmp_path_factory):
     for side, lang in enumerate(("zh", "en")):
         (root / f"{lang}.txt").write_text("\n".join(p[side] for p in PAIRS) + "\n", encoding="utf-8")
         spm.SentencePieceTrainer.train(
-            input=str(root / f"{lang}.txt"), model_prefix=str(root / lang), vocab_size=(500, 150)[side], byte_fallback=side == 0,
-            hard_vocab_limit=False, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2,
+            input=str(root / f"{lang}.txt"), model_prefix=str(root / lang), vocab_size=(500, 150)[side],
+            byte_fallback=side == 0, hard_vocab_limit=False, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2,
         )  # fmt: skip
         out.append(root / f"{lang}.model")
     return out
@@ -54,8 +54,10 @@ def test_resampled_pairs_keep_their_text_and_change_their_pieces(models, encoded
     for (s, t), (s2, t2) in zip(encoded[:100], out, strict=True):
         assert sps[0].decode(list(map(int, s2))) == sps[0].decode(s.tolist())
         assert sps[1].decode(list(map(int, t2))) == sps[1].decode(t.tolist())
+
     def changed(resampled) -> float:
-        return np.mean([list(map(int, a)) != b.tolist() for (_, b), (_, a) in zip(encoded[:100], resampled, strict=True)])
+        en = zip(encoded[:100], resampled, strict=True)
+        return np.mean([list(map(int, a)) != b.tolist() for (_, b), (_, a) in en])
 
     near_best = sampler(models, alpha=1.0).resample(idx, encoded[:100], epoch=0)
     assert changed(out) > 0.5 and changed(near_best) < changed(out)  # a larger alpha stays nearer the best

@@ -167,3 +167,21 @@ def test_rdrop_trains_the_transformer_on_its_packed_logits(tmp_path):
     steps = Steps()
     fit(toy_config("train.rdrop_alpha=1.0", "train.max_steps=4"), toy_run(tmp_path / "r"), on_step=steps)
     assert len(steps.losses) == 4 and all(0 < x < 10 for x in steps.losses)
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("train.src_word_dropout=1.0", "train.src_word_dropout: 1.0 is outside"),
+        ("train.rdrop_alpha=-1", "train.rdrop_alpha: must be >= 0"),
+        ("train.ema_decay=1.0", "train.ema_decay: 1.0 is outside"),
+        ("train.subword_alpha=2", "train.subword_alpha: 2.0 is outside"),
+        ("model.activation_dropout=-0.1", "model.activation_dropout: -0.1 is outside"),
+    ],
+)
+def test_impossible_regulariser_settings_are_one_line_errors(setting, message):
+    from nmt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message) as e:
+        toy_config(setting)
+    assert "\n" not in str(e.value)

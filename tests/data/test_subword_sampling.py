@@ -108,3 +108,34 @@ def test_the_feed_resamples_the_same_on_the_prefetch_thread_and_after_a_resume(m
     monkeypatch.setattr(loop, "PREFETCH_DEVICES", ("cpu",))
     ahead = feed_batches(data, TrainState(), 30)
     assert all(torch.equal(a, b) for a, b in zip(ahead, straight, strict=True))
+
+
+def test_a_run_trains_on_resampled_pieces_and_validates_on_the_stored_ones(tiny_run, tmp_path, monkeypatch):
+    """fit() on a copy of a real run's data and vocabularies with subword_alpha on: the training
+    batches hold other pieces than the stored ones, the same text; validation reads the stored ones."""
+    import shutil
+
+    from conftest import ROOT, TINY_LEARNS
+
+    from nmt.config import load_config
+    from nmt.data.tokenizer import load_tokenizers
+    from nmt.train.update import Trainer
+    from nmt.train.validation import Validator
+
+    run = tmp_path / "run"
+    for part in ("bin", "vocab", "corpus"):
+        shutil.copytree(tiny_run / part, run / part)
+    config = load_config(ROOT / "configs" / "tiny.yaml", [*TINY_LEARNS, "train.max_steps=3", "train.subword_alpha=0.1"])
+    trained, validated = [], []
+    update, validate = Trainer.update, Validator.loss
+    monkeypatch.setattr(Trainer, "update", lambda self, batches: trained.extend(batches) or update(self, batches))
+    monkeypatch.setattr(Validator, "loss", lambda self, model: validated.append(self.dataset) or validate(self, model))
+    loop.fit(config, run)
+    _, en = load_tokenizers(run, config)
+    texts = {en.decode(ids.tolist()) for b in trained for ids in b.tgt_out}  # ids + EOS + pads: decode drops them
+    stored = loop.TrainData.open(config, run, torch.device("cpu"), SimpleNamespace(rank=0, world_size=1, is_main=False))
+    pieces = {tuple(stored.dataset.pair(i)[1].tolist()) for i in range(len(stored.dataset))}
+    assert texts <= {en.decode(list(p)) for p in pieces}  # the same sentences
+    rows = [tuple(t[: int((t != 0).sum()) - 1].tolist()) for b in trained for t in b.tgt_out]
+    assert sum(r not in pieces for r in rows) > len(rows) // 4  # in other pieces
+    assert validated and validated[0].split == "valid" and stored.subwords is not None

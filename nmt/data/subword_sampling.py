@@ -15,8 +15,9 @@ thread and on the loop's own, and in a resumed run.
 
 Kept as stored: a pair holding an ``<unk>`` piece (its text would not encode back to it) and a
 pair whose resampled side grows past ``train.max_len`` pieces (the sampler batched it by its
-stored lengths; a sampled segmentation is usually longer, so batches hold somewhat more than
-``train.max_tokens`` then).
+stored lengths). A sampled segmentation is usually longer and its length varies from pair to
+pair, so with sampling on a batch holds more than ``train.max_tokens`` and more padding: the
+sampler grouped its pairs by their stored lengths (docs/BENCHMARKS.md has the cost).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Kept as stored: a pair holding an ``<unk>`` piece (its text would not encode bac
 pair whose resampled side grows past ``train.max_len`` pieces (the sampler batched it by its
 stored lengths). A sampled segmentation is usually longer and its length varies from pair to
 pair, so with sampling on a batch holds more than ``train.max_tokens`` and more padding: the
-sampler grouped its pairs by their stored lengths (docs/BENCHMARKS.md has the cost).
+sampler grouped its pairs by their stored lengths.
 """
 
 from __future__ import annotations

@@ -114,7 +114,8 @@ class ModelConfig:
     decoder_layers: int = 6
     ffn_dim: int = 2048
     dropout: float = 0.1
-    attention_dropout: float = 0.0
+    attention_dropout: float = 0.0  # on the attention weights
+    activation_dropout: float = 0.0  # on the FFN's inner activations (model.dropout is on the residual branches)
     activation: Literal["relu", "gelu"] = "relu"
     norm: Literal["pre", "post"] = "pre"
     positions: Literal["sinusoidal", "learned"] = "sinusoidal"
@@ -129,12 +130,24 @@ class TrainConfig:
     update_freq: int = 1  # gradient accumulation
     lr: float = 1e-3
     warmup: int = 1000
-    schedule: Literal["inverse_sqrt", "cosine"] = "inverse_sqrt"
-    min_lr: float = 0.0  # floor of the cosine schedule
+    # inverse_sqrt; cosine (to min_lr at max_steps); budget-linear / budget-cosine: to min_lr as the
+    # train.max_time budget runs out, on the elapsed fraction of it after warm-up (nmt/train/objective.py)
+    schedule: Literal["inverse_sqrt", "cosine", "budget-linear", "budget-cosine"] = "inverse_sqrt"
+    min_lr: float = 0.0  # floor of the cosine and budget schedules
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-8
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
+    # regularisers for small data (0 = off each; nmt/train/regularisers.py, nmt/train/ema.py,
+    # nmt/data/subword_sampling.py): training batches only, never validation or decoding
+    src_word_dropout: float = 0.0  # probability that a source piece is replaced by <unk>
+    rdrop_alpha: float = 0.0  # R-Drop: weight of the symmetric KL between two dropout passes (2 forwards)
+    # exponential moving average of the weights, updated after every update; when on, validation,
+    # best/averaged/final checkpoints and export use it (raw weights kept for resume); e.g. 0.998
+    ema_decay: float = 0.0
+    # SentencePiece subword sampling of the training pairs (unigram vocab): re-encode each pair
+    # with sampling, this alpha (smaller = more varied segmentations, e.g. 0.1-0.5)
+    subword_alpha: float = 0.0
     clip_norm: float = 1.0  # 0 disables clipping
     max_len: int = 256  # pairs with a longer side (in pieces) are skipped
     max_steps: int = 0  # 0 = no limit
@@ -275,7 +288,12 @@ def stamp_sections(config: Config) -> dict[str, dict]:
     train = {k: v for k, v in sections["train"].items() if k != "init_from" or v}
     data = {k: v for k, v in data.items() if k != "backtranslation" or v is not None}
     data = {k: v for k, v in data.items() if k not in ("corpora", "valid", "test") or v}  # unset: as before them
-    return {**sections, "data": data, "vocab": vocab, "train": train}
+    train = {k: v for k, v in train.items() if k not in _REGULARISERS or v}  # off: spelled as before they existed
+    model = {k: v for k, v in sections["model"].items() if k != "activation_dropout" or v}
+    return {**sections, "data": data, "vocab": vocab, "model": model, "train": train}
+
+
+_REGULARISERS = ("src_word_dropout", "rdrop_alpha", "ema_decay", "subword_alpha")  # train keys, 0 = off
 
 
 def _direction_from_languages(data: dict, source: str) -> dict:
@@ -328,6 +346,11 @@ def validate(c: Config, source: str = "<config>") -> None:
         parse_duration(c.train.max_time)
     except ValueError as e:
         raise ConfigError(f"{source}: train.max_time: {e}") from None
+    need(
+        not c.train.schedule.startswith("budget-") or bool(c.train.max_time),
+        "train.schedule",
+        f"{c.train.schedule} decays over the time budget: set train.max_time (e.g. 20m)",
+    )
     _check_decode(c.decode, need)
     _check_data(c.data, need)
 
@@ -341,6 +364,7 @@ def _check_model(m: ModelConfig, need: Need) -> None:
     need(m.ffn_dim > 0, "model.ffn_dim", "must be positive")
     need(0.0 <= m.dropout < 1.0, "model.dropout", f"{m.dropout} is outside [0, 1)")
     need(0.0 <= m.attention_dropout < 1.0, "model.attention_dropout", f"{m.attention_dropout} is outside [0, 1)")
+    need(0.0 <= m.activation_dropout < 1.0, "model.activation_dropout", f"{m.activation_dropout} is outside [0, 1)")
     need(m.max_positions > 0, "model.max_positions", "must be positive")
 
 
@@ -362,6 +386,10 @@ def _check_train(t: TrainConfig, m: ModelConfig, need: Need) -> None:
     need(all(0.0 <= b < 1.0 for b in t.betas), "train.betas", "each beta must be in [0, 1)")
     need(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
     need(t.clip_norm >= 0, "train.clip_norm", "must be >= 0")
+    need(0.0 <= t.src_word_dropout < 1.0, "train.src_word_dropout", f"{t.src_word_dropout} is outside [0, 1)")
+    need(t.rdrop_alpha >= 0, "train.rdrop_alpha", "must be >= 0")
+    need(0.0 <= t.ema_decay < 1.0, "train.ema_decay", f"{t.ema_decay} is outside [0, 1) (0 = off)")
+    need(0.0 <= t.subword_alpha <= 1.0, "train.subword_alpha", f"{t.subword_alpha} is outside [0, 1] (0 = off)")
     need(t.max_len >= 2, "train.max_len", "must be at least 2")
     need(
         t.max_len < m.max_positions,

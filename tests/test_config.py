@@ -182,3 +182,16 @@ def test_stamps_of_a_run_made_before_direction_stay_the_same():
     assert sections["data"]["src_lang"] == "zh" and "direction" not in sections["data"]
     assert (sections["vocab"]["src_coverage"], sections["vocab"]["tgt_coverage"]) == (0.9995, 1.0)
     assert "init_from" not in sections["train"]
+
+
+def test_stamps_leave_out_the_regularisers_while_they_are_off():
+    """train.src_word_dropout, rdrop_alpha, ema_decay, subword_alpha and model.activation_dropout
+    at 0 hash as before they existed (runs made before them are not redone); on, they count."""
+    from nmt.config import load_config, stamp_sections
+
+    root = Path(__file__).resolve().parents[1]
+    off = stamp_sections(load_config(root / "configs" / "small.yaml"))
+    assert not {"src_word_dropout", "rdrop_alpha", "ema_decay", "subword_alpha"} & set(off["train"])
+    assert "activation_dropout" not in off["model"]
+    on = stamp_sections(load_config(root / "configs" / "small.yaml", ["train.ema_decay=0.998"]))
+    assert on["train"]["ema_decay"] == 0.998

@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 MIRROR  ?= ../shared/data
 CONFIG  ?= configs/small.yaml
 
-.PHONY: setup test test-fast test-kinds lint format demo demo-bt bench clean
+.PHONY: setup test test-fast test-kinds lint format docs demo demo-bt bench clean
 
 $(BIN)/nmt: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,10 @@ lint: setup
 format: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+# Pages generated from the code: docs/configuration.md from the config schema (nmt/config.py).
+docs: setup
+	$(BIN)/python scripts/config_reference.py --output docs/configuration.md
 
 # The local mirror is used when its directory exists; otherwise the corpus comes from the hub.
 demo: setup

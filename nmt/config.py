@@ -37,6 +37,17 @@ class BacktranslationConfig:
     max_pairs: int | None = None  # use at most this many synthetic pairs (the first ones)
 
 
+@dataclass
+class CorpusEntry:
+    """One training corpus of `data.corpora`: a recipe name or a local path, and its weight."""
+
+    corpus: str = ""  # a recipe name (its train split, from the mirror or the hub), or
+    path: str = ""  # a folder laid out like a mirror folder (train.jsonl, train.zh + train.en, ...) or one file
+    # each kept pair of this corpus is written this many times (upsampling); 1.5: every pair once,
+    # and a seeded half of them (by pair hash) twice
+    weight: float = 1.0
+
+
 BT_TAG = "⦅BT⦆"  # starts every tagged synthetic source (Caswell et al., 2019, "Tagged Back-Translation")
 
 
@@ -62,6 +73,11 @@ class DataConfig:
     passthrough: list[str] = field(default_factory=lambda: list(PASSTHROUGH_KINDS))
     protected_terms: list[str] = field(default_factory=list)  # always passed through (case-sensitive)
     backtranslation: BacktranslationConfig | None = None  # {corpus: DIR, tag: true, ...}; null = real pairs only
+    # training corpora, each [{corpus: NAME} or {path: DIR}, weight: N]; [] = the train split of data.corpus.
+    # Valid and test still come from data.corpus (or data.valid / data.test); dedup spans all of them
+    corpora: list[CorpusEntry] = field(default_factory=list)
+    valid: str | None = None  # a local file instead of data.corpus's validation split (.jsonl, .tsv, or x.zh + x.en)
+    test: str | None = None  # the same for the test split (e.g. newstest2019 for wmt19, docs/training-on-wmt.md)
 
     @property
     def src_lang(self) -> str:
@@ -98,7 +114,8 @@ class ModelConfig:
     decoder_layers: int = 6
     ffn_dim: int = 2048
     dropout: float = 0.1
-    attention_dropout: float = 0.0
+    attention_dropout: float = 0.0  # on the attention weights
+    activation_dropout: float = 0.0  # on the FFN's inner activations (model.dropout is on the residual branches)
     activation: Literal["relu", "gelu"] = "relu"
     norm: Literal["pre", "post"] = "pre"
     positions: Literal["sinusoidal", "learned"] = "sinusoidal"
@@ -113,12 +130,24 @@ class TrainConfig:
     update_freq: int = 1  # gradient accumulation
     lr: float = 1e-3
     warmup: int = 1000
-    schedule: Literal["inverse_sqrt", "cosine"] = "inverse_sqrt"
-    min_lr: float = 0.0  # floor of the cosine schedule
+    # inverse_sqrt; cosine (to min_lr at max_steps); budget-linear / budget-cosine: to min_lr as the
+    # train.max_time budget runs out, on the elapsed fraction of it after warm-up (nmt/train/objective.py)
+    schedule: Literal["inverse_sqrt", "cosine", "budget-linear", "budget-cosine"] = "inverse_sqrt"
+    min_lr: float = 0.0  # floor of the cosine and budget schedules
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-8
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
+    # regularisers for small data (0 = off each; nmt/train/regularisers.py, nmt/train/ema.py,
+    # nmt/data/subword_sampling.py): training batches only, never validation or decoding
+    src_word_dropout: float = 0.0  # probability that a source piece is replaced by <unk>
+    rdrop_alpha: float = 0.0  # R-Drop: weight of the symmetric KL between two dropout passes (2 forwards)
+    # exponential moving average of the weights, updated after every update; when on, validation,
+    # best/averaged/final checkpoints and export use it (raw weights kept for resume); e.g. 0.998
+    ema_decay: float = 0.0
+    # SentencePiece subword sampling of the training pairs (unigram vocab): re-encode each pair
+    # with sampling, this alpha (smaller = more varied segmentations, e.g. 0.1-0.5)
+    subword_alpha: float = 0.0
     clip_norm: float = 1.0  # 0 disables clipping
     max_len: int = 256  # pairs with a longer side (in pieces) are skipped
     max_steps: int = 0  # 0 = no limit
@@ -234,6 +263,8 @@ def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
         value = raw.get(section) or {}
         if section == "data" and isinstance(value, dict):
             value = _direction_from_languages(value, source)
+            if value.get("corpora") and "corpus" not in value:  # else valid/test would quietly be tatoeba's
+                raise ConfigError(f"{source}: data.corpora: also name data.corpus (its valid and test splits are used)")
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: {section}: expected a mapping, got {type(value).__name__}")
         kwargs[section] = build_section(_SECTION_CLASSES[section], value, section, source)
@@ -256,7 +287,13 @@ def stamp_sections(config: Config) -> dict[str, dict]:
             vocab[f"{side}_coverage"] = 0.9995 if lang == "zh" else 1.0
     train = {k: v for k, v in sections["train"].items() if k != "init_from" or v}
     data = {k: v for k, v in data.items() if k != "backtranslation" or v is not None}
-    return {**sections, "data": data, "vocab": vocab, "train": train}
+    data = {k: v for k, v in data.items() if k not in ("corpora", "valid", "test") or v}  # unset: as before them
+    train = {k: v for k, v in train.items() if k not in _REGULARISERS or v}  # off: spelled as before they existed
+    model = {k: v for k, v in sections["model"].items() if k != "activation_dropout" or v}
+    return {**sections, "data": data, "vocab": vocab, "model": model, "train": train}
+
+
+_REGULARISERS = ("src_word_dropout", "rdrop_alpha", "ema_decay", "subword_alpha")  # train keys, 0 = off
 
 
 def _direction_from_languages(data: dict, source: str) -> dict:
@@ -309,6 +346,11 @@ def validate(c: Config, source: str = "<config>") -> None:
         parse_duration(c.train.max_time)
     except ValueError as e:
         raise ConfigError(f"{source}: train.max_time: {e}") from None
+    need(
+        not c.train.schedule.startswith("budget-") or bool(c.train.max_time),
+        "train.schedule",
+        f"{c.train.schedule} decays over the time budget: set train.max_time (e.g. 20m)",
+    )
     _check_decode(c.decode, need)
     _check_data(c.data, need)
 
@@ -322,6 +364,7 @@ def _check_model(m: ModelConfig, need: Need) -> None:
     need(m.ffn_dim > 0, "model.ffn_dim", "must be positive")
     need(0.0 <= m.dropout < 1.0, "model.dropout", f"{m.dropout} is outside [0, 1)")
     need(0.0 <= m.attention_dropout < 1.0, "model.attention_dropout", f"{m.attention_dropout} is outside [0, 1)")
+    need(0.0 <= m.activation_dropout < 1.0, "model.activation_dropout", f"{m.activation_dropout} is outside [0, 1)")
     need(m.max_positions > 0, "model.max_positions", "must be positive")
 
 
@@ -343,6 +386,10 @@ def _check_train(t: TrainConfig, m: ModelConfig, need: Need) -> None:
     need(all(0.0 <= b < 1.0 for b in t.betas), "train.betas", "each beta must be in [0, 1)")
     need(0.0 <= t.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
     need(t.clip_norm >= 0, "train.clip_norm", "must be >= 0")
+    need(0.0 <= t.src_word_dropout < 1.0, "train.src_word_dropout", f"{t.src_word_dropout} is outside [0, 1)")
+    need(t.rdrop_alpha >= 0, "train.rdrop_alpha", "must be >= 0")
+    need(0.0 <= t.ema_decay < 1.0, "train.ema_decay", f"{t.ema_decay} is outside [0, 1) (0 = off)")
+    need(0.0 <= t.subword_alpha <= 1.0, "train.subword_alpha", f"{t.subword_alpha} is outside [0, 1] (0 = off)")
     need(t.max_len >= 2, "train.max_len", "must be at least 2")
     need(
         t.max_len < m.max_positions,
@@ -375,8 +422,24 @@ def _check_data(data: DataConfig, need: Need) -> None:
         need(kind in PASSTHROUGH_KINDS, "data.passthrough", f"unknown kind {kind!r}{suggest(kind, PASSTHROUGH_KINDS)}")
     for term in data.protected_terms:
         need(term.strip() == term != "" and "\n" not in term, "data.protected_terms", f"{term!r}: blank or padded term")
+    _check_corpora(data, need)
     # Host-dependent needs (flash attention needs CUDA) are checked where the model runs
     # (nmt.model.attention.resolve_backend), not here: a run trained on a GPU must load anywhere.
+
+
+def _check_corpora(data: DataConfig, need: Need) -> None:
+    """Each `data.corpora` entry names a known recipe or a path (not both) and a weight >= 1."""
+    from nmt.data.recipes import RECIPES
+
+    for i, entry in enumerate(data.corpora):
+        key = f"data.corpora[{i}]"
+        need(bool(entry.corpus) != bool(entry.path), key, "give either corpus: NAME or path: DIR")
+        if entry.corpus:
+            hint = suggest(entry.corpus, RECIPES)
+            need(entry.corpus in RECIPES, f"{key}.corpus", f"unknown corpus {entry.corpus!r}{hint}")
+        need(entry.weight >= 1, f"{key}.weight", f"{entry.weight} must be at least 1")
+    for key in ("valid", "test"):
+        need(getattr(data, key) != "", f"data.{key}", "is empty (a file path, or null for data.corpus's split)")
 
 
 # --------------------------------------------------------------------------- saving

@@ -50,6 +50,8 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list):
             raise _type_error(value, hint, key, source)
+        if dataclasses.is_dataclass(args[0]):  # a list of mappings (data.corpora): errors name the entry
+            return [_coerce(v, args[0], f"{key}[{i}]", source) for i, v in enumerate(value)]
         return [_coerce(v, args[0], key, source) for v in value]
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):

@@ -7,7 +7,8 @@ A corpus of N pairs is made from the Tatoeba pairs of the local mirror, joined 1
 sentences are of news-like length and mostly distinct), in the translation schema, with the
 mirror's validation and test splits. Each stage then runs in a process of its own on a fresh run
 directory: `download` (clean, filter, dedup → corpus/) and `vocab` (SentencePiece models and the
-encoded corpus → vocab/, bin/). Memory is the peak over the stage's whole process tree (its
+encoded corpus → vocab/, bin/; its steps — mask pass-through spans, sample and train the
+models, encode — are timed apart from the stage's report). Memory is the peak over the stage's whole process tree (its
 worker processes included), sampled every 20 ms from /proc, with anonymous and file-backed
 resident memory apart. Beside the stages, the floor: the bare SentencePiece encoding of the same
 cleaned text with the same models on the same cores (one process per core, one thread each).
@@ -36,12 +37,16 @@ CORPUS_DIR = "tatoeba-zh-en"  # the folder the tatoeba recipe reads in a mirror
 
 def make_corpus(pairs: int, source: Path, out: Path, seed: int = 0) -> Path:
     """A mirror at `out` whose train split holds `pairs` pairs made of `source`'s Tatoeba training
-    pairs joined 1-3 at a time (seeded); validation and test are `source`'s. Returns `out`."""
-    rows = [json.loads(line)["translation"] for line in (source / CORPUS_DIR / "train.jsonl").open(encoding="utf-8")]
+    pairs joined 1-3 at a time (seeded); validation and test are `source`'s. Returns `out`; one
+    made before (complete: its train split is renamed into place last) is used as it is."""
     folder = out / CORPUS_DIR
+    if (folder / "train.jsonl").is_file():
+        return out
+    rows = [json.loads(line)["translation"] for line in (source / CORPUS_DIR / "train.jsonl").open(encoding="utf-8")]
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    with (folder / "train.jsonl").open("w", encoding="utf-8") as f:
+    partial = folder / "train.jsonl.partial"
+    with partial.open("w", encoding="utf-8") as f:
         for _ in range(pairs):
             picked = rng.sample(rows, rng.randint(1, 3))
             pair = {"zh": "".join(r["zh"] for r in picked), "en": " ".join(r["en"] for r in picked)}
@@ -50,6 +55,7 @@ def make_corpus(pairs: int, source: Path, out: Path, seed: int = 0) -> Path:
         for name in (f"{split}.jsonl", f"{split}.codes.txt"):
             if (source / CORPUS_DIR / name).is_file():
                 (folder / name).write_bytes((source / CORPUS_DIR / name).read_bytes())
+    partial.rename(folder / "train.jsonl")
     return out
 
 
@@ -193,12 +199,19 @@ def bench(pairs: int, mirror: Path, config_args: tuple[str, list[str]], work: Pa
         rows.append(res)
         print(_row(res, cores), flush=True)
     kept = sum(1 for _ in (run / "corpus" / "train.zh").open(encoding="utf-8"))
+    steps = json.loads((run / "vocab.stamp.json").read_text(encoding="utf-8"))["report"].get("seconds", {})
+    for step, seconds in steps.items():  # the vocab stage's own steps (nmt.data.vocab.build_vocab)
+        rows.append({"stage": f"  {step}", "pairs": kept, "seconds": seconds} | dict.fromkeys(SIZES, 0))
+        print(_row(rows[-1], cores), flush=True)
     floor = bare_encoding(run, cores)
-    rows.append({"stage": "bare spm encode", "pairs": kept, "out": 0, "anon": 0, "file": 0, "total": 0, **floor})
+    rows.append({"stage": "bare spm encode", "pairs": kept, **dict.fromkeys(SIZES, 0), **floor})
     print(_row(rows[-1], cores), flush=True)
+    if "encode" in steps:
+        print(f"{'':>11}encode / bare spm encode: {steps['encode'] / floor['seconds']:.2f}x", flush=True)
     return rows
 
 
+SIZES = ("out", "anon", "file", "total")  # bytes; 0 in rows that are not a stage's own process
 HEADER = (
     f"{'pairs':>10} {'stage':<16}{'wall s':>9}{'pairs/s/core':>14}"
     f"{'anon MB':>9}{'file MB':>9}{'peak MB':>9}{'out MB':>9}"
@@ -222,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mirror", type=Path, default=MIRROR, help="the mirror the corpora are made from")
     parser.add_argument("--config", default=str(ROOT / "configs" / "base.yaml"))
     parser.add_argument("--set", action="append", default=[], help="config overrides, section.key=value")
-    parser.add_argument("--work", type=Path, default=None, help="where corpora and runs go (default: a temp dir)")
+    parser.add_argument(
+        "--work", type=Path, default=None, help="made corpora kept here (mirror-N, reused); runs too (default: temp)"
+    )
     args = parser.parse_args(argv)
     if not (args.mirror / CORPUS_DIR / "train.jsonl").is_file():
         parser.error(f"--mirror {args.mirror}: no {CORPUS_DIR}/train.jsonl there")
@@ -233,8 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU: {cpu_model()}, {cores} cores; config {args.config} {' '.join(config_args[1])}")
     print(HEADER, flush=True)
     with tempfile.TemporaryDirectory(prefix="nmt-bench-prep-", dir=args.work) as tmp:
+        corpora = args.work or Path(tmp)  # made corpora are kept in --work for the next run
         for pairs in (int(s) for s in args.sizes.split(",")):
-            mirror = args.mirror if pairs == 0 else make_corpus(pairs, args.mirror, Path(tmp) / f"mirror-{pairs}")
+            mirror = args.mirror if pairs == 0 else make_corpus(pairs, args.mirror, corpora / f"mirror-{pairs}")
             bench(pairs or _count(mirror), mirror, config_args, Path(tmp), cores)
     return 0
 

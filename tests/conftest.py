@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from learning import TEST_SEED
+from tiers import check_tiers, trains
 
 from nmt.config import Config, load_config
 
@@ -69,20 +70,6 @@ def tiny_config() -> Config:
     return load_config(ROOT / "configs" / "tiny.yaml")
 
 
-# Fixtures that train a model (directly or through the shared tiny run): a test using one is slow.
-TRAINING_FIXTURES = {"tiny_run", "tiny_en_zh_run", "synthetic_run", "trained_transformer"}
-# Modules whose tests train or start processes (servers, torchrun, a browser, killed trainings).
-SLOW_MODULES = {"test_train.py", "test_distributed.py", "test_app.py", "test_browser.py", "test_pipeline.py"}
-
-
-def _mark_slow(items) -> None:
-    """`slow` on every test that trains or spawns processes, by what it uses rather than by a
-    stopwatch; `make test-fast` deselects them (`-m "not slow"`), `make test` runs everything."""
-    for item in items:
-        if TRAINING_FIXTURES & set(getattr(item, "fixturenames", ())) or item.path.name in SLOW_MODULES:
-            item.add_marker(pytest.mark.slow)
-
-
 KIND_GROUPS = ("learning", "invariance", "precision", "int8")  # scripts/test_kinds.py runs these per CPU kind
 
 
@@ -100,7 +87,7 @@ _REPORT_GROUPS: dict[str, list[str]] = {}
 
 
 def pytest_collection_modifyitems(config, items):
-    _mark_slow(items)
+    check_tiers(items)  # the tiers are marked in the test files; a test that trains must say slow
     _REPORT_GROUPS.update({i.nodeid: [g for g in KIND_GROUPS if g in i.keywords] for i in items})
     if not has_real_mirror():  # extra checks on the real data: not run (rather than skipped) without it
         real = [i for i in items if "real_data" in i.keywords or "shared_data" in getattr(i, "fixturenames", ())]
@@ -154,6 +141,7 @@ def pipeline_on_one_thread(config: Config, run_dir: Path, mirror: Path) -> dict:
 
 
 @pytest.fixture(scope="session")
+@trains
 def tiny_run(tmp_path_factory, mini_mirror) -> Path:
     """A finished `nmt pipeline` run of configs/tiny.yaml (+ TINY_LEARNS) on the mini mirror (made once)."""
     run_dir = tmp_path_factory.mktemp("runs") / "tiny"
@@ -162,6 +150,7 @@ def tiny_run(tmp_path_factory, mini_mirror) -> Path:
 
 
 @pytest.fixture(scope="session")
+@trains
 def tiny_en_zh_run(tmp_path_factory, mini_mirror) -> Path:
     """The same, the other way: data.direction en-zh (about 20 s on one core; made once)."""
     learn = [x for x in TINY_LEARNS if not x.startswith("vocab.tgt_size")]

@@ -85,12 +85,14 @@ def test_unknown_corpus_is_one_line(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_translate_arguments(tiny_run):
     result = invoke("translate", "--run", str(tiny_run), "我爱 AI", "你好。")
     assert result.exit_code == 0, result.stderr
     assert len(result.stdout.splitlines()) == 2
 
 
+@pytest.mark.slow
 def test_translate_tunes_the_native_engine_for_how_it_decodes(tiny_run, monkeypatch, tmp_path):
     """Sentences given as arguments are decoded one at a time (the precision and int8 kernel
     measured fastest for one-row steps), a file in batches."""
@@ -105,6 +107,7 @@ def test_translate_tunes_the_native_engine_for_how_it_decodes(tiny_run, monkeypa
     assert seen == [ALONE_ROWS, BATCH_ROWS] and ALONE_ROWS < BATCH_ROWS
 
 
+@pytest.mark.slow
 def test_serve_is_tuned_for_batches_unless_told_one_sentence_at_a_time(tiny_run, monkeypatch):
     pytest.importorskip("fastapi")
     import nmt.serve.app as app_module
@@ -119,6 +122,7 @@ def test_serve_is_tuned_for_batches_unless_told_one_sentence_at_a_time(tiny_run,
     assert bad.exit_code != 0 and "--tune-for" in bad.output + bad.stderr
 
 
+@pytest.mark.slow
 def test_translate_stdin_keeps_order_and_empty_lines(tiny_run):
     result = invoke("translate", "--run", str(tiny_run), "--beam", "1", input="你好。\n\n我爱你。\n")
     assert result.exit_code == 0, result.stderr
@@ -126,6 +130,7 @@ def test_translate_stdin_keeps_order_and_empty_lines(tiny_run):
     assert len(lines) >= 3 and lines[1] == ""
 
 
+@pytest.mark.slow
 def test_translate_file_with_long_and_traditional_lines(tiny_run, tmp_path):
     src = tmp_path / "in.zh"
     src.write_text("瑪麗不像其他女孩一樣。\n\n" + "我" * 5000 + "\n玛丽不像其他女孩一样。\n", encoding="utf-8")
@@ -144,6 +149,7 @@ def test_translate_missing_run_is_clean(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_eval_writes_report(tiny_run):
     result = invoke("eval", "--run", str(tiny_run), "--split", "valid", "--beam", "1")
     assert result.exit_code == 0, result.stderr
@@ -168,6 +174,7 @@ def test_summary_names_backend_and_size():
 
 
 @pytest.mark.parametrize("last", [2, 50])  # tiny.yaml keeps 2: --last 50 averages those and says so
+@pytest.mark.slow
 def test_average_is_the_elementwise_mean_of_the_newest(tiny_run, tmp_path, last):
     out = tmp_path / "avg.safetensors"
     result = invoke("average", "--run", str(tiny_run), "--last", str(last), "--output", str(out))
@@ -182,6 +189,7 @@ def test_average_is_the_elementwise_mean_of_the_newest(tiny_run, tmp_path, last)
     assert (said in result.stdout) == (last == 50)
 
 
+@pytest.mark.slow
 def test_translate_stdin_with_invalid_utf8_does_not_crash(tiny_run):
     data = b"\xff\xfe\n" + "你好\n".encode()
     result = runner.invoke(app, ["translate", "--run", str(tiny_run), "--beam", "1"], input=data)
@@ -189,6 +197,7 @@ def test_translate_stdin_with_invalid_utf8_does_not_crash(tiny_run):
     assert len(result.stdout.split("\n")) >= 2
 
 
+@pytest.mark.slow
 def test_translate_nbest_prints_score_tab_text(tiny_run):
     result = invoke("translate", "--run", str(tiny_run), "--beam", "3", "--nbest", "3", "我爱 AI", "", "你好。")
     assert result.exit_code == 0, result.stderr
@@ -202,6 +211,7 @@ def test_translate_nbest_prints_score_tab_text(tiny_run):
     assert "score<TAB>text" in invoke("translate", "--help").stdout
 
 
+@pytest.mark.slow
 def test_eval_several_external_sets_in_one_call(tiny_run, tmp_path):
     sets = []
     for folder, n in (("news", 4), ("chat", 6)):
@@ -225,6 +235,7 @@ def test_eval_several_external_sets_in_one_call(tiny_run, tmp_path):
     assert uneven.exit_code == 1 and "--src and --ref go together: 2 --src, 1 --ref" in uneven.stderr
 
 
+@pytest.mark.slow
 def test_eval_with_an_ensemble_and_with_sampling(tiny_run):
     final = str(tiny_run / "checkpoints" / "final.safetensors")
     base = ["eval", "--run", str(tiny_run), "--split", "valid", "--beam", "3", "--precision", "fp32"]

@@ -141,26 +141,6 @@ def test_override_nested_key(tmp_path):
         load_config(p, ["data..corpus=c"])
 
 
-def test_max_time_means_the_same_in_readme_config_and_scripts():
-    """README, the config field and the budget script all say training-loop wall time (validation included)."""
-    import inspect
-
-    import nmt.config
-    import nmt.train.stopping
-
-    texts = {
-        "README.md": (ROOT / "README.md").read_text(encoding="utf-8"),
-        "nmt/config.py": inspect.getsource(nmt.config.TrainConfig),
-        "nmt/train/stopping.py": nmt.train.stopping.__doc__,
-        "scripts/quality_budget.sh": (ROOT / "scripts" / "quality_budget.sh").read_text(encoding="utf-8"),
-    }
-    for name, text in texts.items():
-        flat = " ".join(text.replace("#", " ").split())
-        assert "training-loop wall time" in flat, name
-        assert "validation" in flat[flat.index("training-loop wall time") :][:200], name
-    assert "training time only" not in texts["scripts/quality_budget.sh"]
-
-
 def test_float_in_exponent_form_without_a_dot(tmp_path):
     """YAML 1.1 reads `5e-3` as a string; a float key accepts it, a non-number stays an error."""
     c = load_config(write(tmp_path, "train:\n  lr: 5e-3\n"))
@@ -202,3 +182,16 @@ def test_stamps_of_a_run_made_before_direction_stay_the_same():
     assert sections["data"]["src_lang"] == "zh" and "direction" not in sections["data"]
     assert (sections["vocab"]["src_coverage"], sections["vocab"]["tgt_coverage"]) == (0.9995, 1.0)
     assert "init_from" not in sections["train"]
+
+
+def test_stamps_leave_out_the_regularisers_while_they_are_off():
+    """train.src_word_dropout, rdrop_alpha, ema_decay, subword_alpha and model.activation_dropout
+    at 0 hash as before they existed (runs made before them are not redone); on, they count."""
+    from nmt.config import load_config, stamp_sections
+
+    root = Path(__file__).resolve().parents[1]
+    off = stamp_sections(load_config(root / "configs" / "small.yaml"))
+    assert not {"src_word_dropout", "rdrop_alpha", "ema_decay", "subword_alpha"} & set(off["train"])
+    assert "activation_dropout" not in off["model"]
+    on = stamp_sections(load_config(root / "configs" / "small.yaml", ["train.ema_decay=0.998"]))
+    assert on["train"]["ema_decay"] == 0.998

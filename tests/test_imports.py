@@ -134,8 +134,19 @@ def test_the_floor_checker_finds_two_way_and_upward_arrows():
     assert misplaced_arrows({"nmt.export.argos": {"nmt.config"}}, floors) == ["export is on no floor"]
 
 
+# Module arrows up the floors that are known and waiting for a home; each must still exist (a fixed
+# one is taken off this list), and no other may appear.
+KNOWN_UPWARD = {
+    ("nmt.config", "nmt.data.recipes"): "data.corpora's recipe names are checked at load, inside a function",
+}
+
+
 def test_the_rooms_import_only_downwards():
-    wrong = misplaced_arrows(graph(), FLOORS)
+    edges = graph()
+    for (a, b), why in KNOWN_UPWARD.items():
+        assert b in edges[a], f"{a} -> {b} no longer exists ({why}): take it off KNOWN_UPWARD"
+        edges[a] = edges[a] - {b}
+    wrong = misplaced_arrows(edges, FLOORS)
     assert not wrong, "\n".join(wrong)
 
 

@@ -13,6 +13,7 @@ from learning import assert_learned
 from nmt.config import load_config
 from nmt.pipeline import run_pipeline
 
+pytestmark = pytest.mark.slow  # every test runs `nmt pipeline` (the shared tiny run, or one of its own)
 LEARNED_BLEU, LEARNED_CHRF = 30.0, 55.0
 
 

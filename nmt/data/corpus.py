@@ -6,12 +6,17 @@ mirror has a `test.codes.txt` next to the test file (or the hub recipe has a lab
 its bad lines by reason with the first line number) and `manifest.json` (sha256 and line count
 of every file). All files of one call appear together or not at all.
 
-Train is cleaned on `data.workers` processes (`nmt.data.clean`: normalised with
+Train is the train split of `data.corpus`, or the corpora of `data.corpora`, each written
+`weight` times (`nmt.data.corpora`; stats.json then counts each under `train.corpora`). It is
+cleaned on `data.workers` processes (`nmt.data.clean`: normalised with
 `normalize_source`/`normalize_target` and filtered, unit by unit), then duplicates are dropped,
-first occurrence kept (`nmt.data.dedup`), then `data.max_train_pairs` keeps exactly that many,
-seeded (`nmt.data.sample`); the units are concatenated in order, so the output is the same for
-any number of workers. Their work folder `<run>/corpus.work/` lets a killed run continue at the
-first unfinished unit; it is removed when the corpus is written. Valid and test are the raw
+first occurrence kept, across corpora (`nmt.data.dedup`), then `data.max_train_pairs` keeps
+exactly that many, seeded (`nmt.data.sample`); the units are concatenated in order, so the
+output is the same for any number of workers. A hub split is downloaded once into the hub cache
+and read from its Parquet row groups (`nmt.data.hub_cache`). Valid and test come from
+`data.corpus`, or from the files `data.valid` / `data.test` name. The work folder
+`<run>/corpus.work/` lets a killed run continue at the first unfinished unit; it is removed
+when the corpus is written. Valid and test are the raw
 references, only whitespace-stripped (line breaks and tabs inside a sentence become spaces), so
 that BLEU stays comparable with published numbers; valid drops pairs whose both sides are empty.
 Sources are normalised at translation time with `normalize_source`.
@@ -28,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
 import shutil
 import warnings
@@ -40,9 +46,10 @@ from rich.table import Table
 
 from nmt.config import BT_TAG, Config, DataConfig, stamp_sections
 from nmt.data.clean import Cleaned, Held, clean_units, unit_path
+from nmt.data.corpora import TrainCorpus, clean_corpora, pair_copies, per_corpus, train_corpora, written_pairs
 from nmt.data.dedup import first_occurrences
 from nmt.data.normalize import normalize_source, normalize_target, strip_text
-from nmt.data.readers import Source, check_aligned, count_lines, find_sources, read_split
+from nmt.data.readers import Source, cached_hub, check_aligned, count_lines, find_sources, read_split
 from nmt.data.recipes import SPLITS, BadLines, Recipe, get_recipe
 from nmt.data.sample import sample_masks
 from nmt.errors import NmtError
@@ -75,9 +82,10 @@ def _clean(source: Source, recipe: Recipe, data: DataConfig, held: Held, work: _
     return cleaned, masks
 
 
-def _write_units(cleaned: Cleaned, masks: list, fs: TextIO, ft: TextIO, copies: int = 1, tag: str = "") -> int:
-    """The pairs of every unit whose mask is True, in unit order, each `copies` times (source
-    prefixed with `tag`); how many distinct pairs were written."""
+def _write_units(cleaned: Cleaned, masks: list, fs: TextIO, ft: TextIO, copies: int | list = 1, tag: str = "") -> int:
+    """The pairs of every unit whose mask is True, in unit order, each `copies` times (or
+    `copies[unit][pair]` times: `nmt.data.corpora.pair_copies`), source prefixed with `tag`;
+    how many distinct pairs were written."""
     written = 0
     for i, mask in enumerate(masks):
         with (
@@ -88,10 +96,11 @@ def _write_units(cleaned: Cleaned, masks: list, fs: TextIO, ft: TextIO, copies: 
                 shutil.copyfileobj(a, fs)
                 shutil.copyfileobj(b, ft)
             else:
-                for keep, s, t in zip(mask.tolist(), a, b, strict=True):
+                times = itertools.repeat(copies) if isinstance(copies, int) else copies[i].tolist()
+                for keep, n, s, t in zip(mask.tolist(), times, a, b, strict=False):
                     if keep:
-                        fs.write((tag + s) * copies)
-                        ft.write(t * copies)
+                        fs.write((tag + s) * n)
+                        ft.write(t * n)
         written += int(mask.sum())
     return written
 
@@ -109,25 +118,58 @@ def _selected(unique: list, data: DataConfig) -> tuple[list, int]:
     return masks, sum(int(m.sum()) for m in unique) - sum(int(m.sum()) for m in masks)
 
 
-def _write_train(
-    source: Source, recipe: Recipe, data: DataConfig, tmp: dict[str, Path], held: Held, work: _Work
-) -> dict:
-    cleaned, unique = _clean(source, recipe, data, held, work)
-    dropped = {"bad_line": 0, **cleaned.dropped(), "duplicate": sum(len(m) - int(m.sum()) for m in unique)}
-    masks, dropped["subsampled"] = _selected(unique, data)
-    copies = data.backtranslation.real_upsample if data.backtranslation else 1  # a real:synthetic ratio
+def _write_train(corpora: list[TrainCorpus], data: DataConfig, tmp: dict[str, Path], held: Held, work: _Work) -> dict:
+    """The training pairs of every corpus, cleaned, deduplicated across corpora, sampled and
+    written with their weights; the split's stats (with one entry per corpus under `corpora`
+    when `data.corpora` names them)."""
+    folders = [work.folder / ("train" if i == 0 else f"train.{i}") for i in range(len(corpora))]
+    cleaned, unique = clean_corpora(corpora, data, held, folders, work.digest)
+    flat, sizes = [m for ms in unique for m in ms], [len(ms) for ms in unique]
+    chosen, _ = _selected(flat, data)
+    masks = per_corpus(chosen, sizes)
+    real = data.backtranslation.real_upsample if data.backtranslation else 1  # a real:synthetic ratio
+    stats = []
     with (
         open(tmp[f"train.{data.src_lang}"], "w", encoding="utf-8") as fs,
         open(tmp[f"train.{data.tgt_lang}"], "w", encoding="utf-8") as ft,
     ):
-        kept = _write_units(cleaned, masks, fs, ft, copies)
-    bad = cleaned.bad
-    read = _tally(bad, dropped, kept)
-    if read == bad.count:
-        raise NmtError(f"{source.label}: no usable train pairs ({bad.count} bad lines)")
-    if kept == 0:
-        raise NmtError(f"{source.label}: no train pairs left after cleaning ({read} read, dropped {_nonzero(dropped)})")
-    return {"source": source.label, "read": read, "kept": kept, "dropped": dropped, "bad_lines": bad.summary()}
+        for corpus, c, u, m in zip(corpora, cleaned, unique, masks, strict=True):
+            duplicate = sum(len(x) - int(x.sum()) for x in u)
+            dropped = {"bad_line": 0, **c.dropped(), "duplicate": duplicate, "subsampled": _count(u) - _count(m)}
+            copies = pair_copies(c, corpus.weight * real, data.seed)
+            kept = _write_units(c, m, fs, ft, copies)
+            read = _tally(c.bad, dropped, kept)
+            if read == c.bad.count:
+                raise NmtError(f"{corpus.source.label}: no usable train pairs ({c.bad.count} bad lines)")
+            entry = {"source": corpus.source.label, "read": read, "kept": kept, "dropped": dropped}
+            stats.append(entry | {"bad_lines": c.bad.summary()})
+            if data.corpora:
+                written = written_pairs(copies, m)
+                stats[-1] |= {"corpus": corpus.name, "weight": corpus.weight, "pairs": written}
+    total = stats[0] if len(stats) == 1 and not data.corpora else _totals(stats)
+    if total["kept"] == 0:
+        dropped = _nonzero(total["dropped"])
+        raise NmtError(
+            f"{total['source']}: no train pairs left after cleaning ({total['read']} read, dropped {dropped})"
+        )
+    return total
+
+
+def _count(masks: list) -> int:
+    return sum(int(m.sum()) for m in masks)
+
+
+def _totals(corpora: list[dict]) -> dict:
+    """The train split's stats summed over its corpora, each corpus's own under `corpora`."""
+    dropped = {rule: sum(c["dropped"][rule] for c in corpora) for rule in corpora[0]["dropped"]}
+    return {
+        "source": " + ".join(c["source"] for c in corpora),
+        "read": sum(c["read"] for c in corpora),
+        "kept": sum(c["kept"] for c in corpora),
+        "dropped": dropped,
+        "pairs": sum(c["pairs"] for c in corpora),
+        "corpora": corpora,
+    }
 
 
 def _tally(bad: BadLines, dropped: dict[str, int], kept: int) -> int:
@@ -225,7 +267,10 @@ def _output_names(data: DataConfig, codes: bool) -> list[str]:
     return names + ["test.codes"] if codes else names
 
 
-def _write_corpus(sources: dict[str, Source], recipe: Recipe, data: DataConfig, out: Path, work: _Work) -> dict:
+def _write_corpus(
+    sources: dict[str, Source], corpora: list[TrainCorpus], recipe: Recipe, data: DataConfig, out: Path, work: _Work
+) -> dict:
+    """Every output file of the corpus (`sources`: valid and test; `corpora`: the training corpora)."""
     codes = _codes_source(sources, recipe)
     stats: dict = {"corpus": recipe.name}
     for name in _output_names(data, True):  # temporary files of a run that was killed
@@ -241,7 +286,7 @@ def _write_corpus(sources: dict[str, Source], recipe: Recipe, data: DataConfig, 
         if codes:
             _write_codes(sources["test"], bad, stats["test"]["read"], tmp["test.codes"], labels)
         guard = Held(frozenset(held[0]), frozenset(held[1])) if data.filter_overlap else Held()
-        stats["train"] = _write_train(sources["train"], recipe, data, tmp, guard, work.split("train"))
+        stats["train"] = _write_train(corpora, data, tmp, guard, work)
         if data.backtranslation is not None:
             stats["backtranslation"] = _write_synthetic(recipe, data, tmp, guard, work.split("backtranslation"))
         tmp["stats.json"].write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -283,7 +328,21 @@ def print_stats(stats: dict, console: Console | None = None) -> None:
         table.add_row(row, *(str(stats[split][row]) for split in SPLITS))
     for rule in TRAIN_RULES:
         table.add_row(f"- {rule}", *(str(stats[split]["dropped"].get(rule, "")) for split in SPLITS))
-    (console or Console(stderr=True)).print(table)
+    console = console or Console(stderr=True)
+    console.print(table)
+    if "corpora" in stats["train"]:
+        console.print(_corpora_table(stats["train"]["corpora"]))
+
+
+def _corpora_table(corpora: list[dict]) -> Table:
+    """The training corpora of `data.corpora`: pairs read and kept, the weight, the pairs written."""
+    table = Table(title="training corpora")
+    for column in ("corpus", "read", "kept", "- duplicate", "weight", "pairs"):
+        table.add_column(column, justify="left" if column == "corpus" else "right")
+    for c in corpora:
+        row = (c["read"], c["kept"], c["dropped"]["duplicate"], c["weight"], c["pairs"])
+        table.add_row(c["corpus"], *map(str, row))
+    return table
 
 
 def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> dict:
@@ -293,12 +352,15 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
     """
     data, run_dir = config.data, Path(run_dir)
     recipe = get_recipe(data.corpus)
-    sources = find_sources(recipe, data, mirror)
-    for source in sources.values():  # differing plain files stop before any work
+    found = find_sources(recipe, data, mirror, need=("valid",) if data.corpora else ("train", "valid"))
+    sources = {split: cached_hub(found[split], recipe) for split in ("valid", "test")}
+    corpora = train_corpora(recipe, found["train"], data, mirror)
+    inputs = [*(c.source for c in corpora), sources["valid"], sources["test"]]
+    for source in inputs:  # differing plain files stop before any work
         if source.kind == "plain":
             check_aligned(*source.paths)
     out = run_dir / "corpus"
-    files = [p for s in sources.values() for p in s.paths]
+    files = [p for s in inputs if s.kind != "hub" for p in s.paths]  # hub files: named by their commit
     if data.backtranslation is not None and (Path(data.backtranslation.corpus) / "train.jsonl").is_file():
         files.append(Path(data.backtranslation.corpus) / "train.jsonl")
     if _codes_source(sources, recipe) and sources["test"].kind != "hub":
@@ -306,7 +368,8 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
     settings = {k: v for k, v in stamp_sections(config)["data"].items() if k != "mirror"}
     digest = hash_files(
         files,
-        extra={"data": settings, "recipe": dataclasses.asdict(recipe), "kinds": [s.kind for s in sources.values()]},
+        extra={"data": settings, "recipe": dataclasses.asdict(recipe), "kinds": [s.kind for s in inputs]}
+        | ({"hub": [s.ref for s in inputs]} if any(s.ref for s in inputs) else {}),
     )
     names = _output_names(data, _codes_source(sources, recipe))
     if stage_is_done(run_dir, "download", digest) and all((out / n).is_file() for n in names):
@@ -314,7 +377,7 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
         return json.loads((out / "stats.json").read_text(encoding="utf-8"))
     clear_stamp(run_dir, "download")
     work = run_dir / "corpus.work"
-    stats = _write_corpus(sources, recipe, data, out, _Work(work, digest))
+    stats = _write_corpus(sources, corpora, recipe, data, out, _Work(work, digest))
     shutil.rmtree(work, ignore_errors=True)
     print_stats(stats)
     write_stamp(run_dir, "download", digest, {"corpus": recipe.name})

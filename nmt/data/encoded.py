@@ -9,8 +9,9 @@ Pair i of a split goes to shard ``splitmix64(seed, i) % S`` (S = ceil(pairs / sh
 test are one shard, in corpus order), so every shard mixes the corpus's sources, and a shard is a
 window the training sampler batches in alone (`nmt.data.batching.WindowSampler`).
 
-`encode_split` streams both text files through SentencePiece in chunks (in worker processes, one
-SentencePiece thread each), writes every file into a scratch folder and renames it into place
+`encode_split` streams both text files through SentencePiece in chunks of pairs (in worker
+processes, one SentencePiece thread each; a worker also prepares its pairs: normalisation and
+pass-through masking), writes every file into a scratch folder and renames it into place
 last: a split folder is complete or absent, and a killed encoding leaves nothing that a rerun
 keeps. Its bytes depend only on the texts, the models, the seed and the shard size (not on the
 worker count or the run directory). `write_split` writes the same format from id sequences.
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import hashlib
 import itertools
 import json
@@ -205,15 +205,17 @@ def write_split(
     """
     langs = list(sides)
     with _staging(Path(bin_dir), split) as scratch:
-        writers, files = {}, {}
-        for lang, chunks in sides.items():
-            writers[lang] = _SideWriter(scratch, lang, token_dtype(vocab_sizes[lang]), shards)
-            start = 0
-            for flat, lengths in chunks:
-                shard = shard_of(np.arange(start, start + len(lengths)), seed, shards)
-                writers[lang].add(_group_by_shard(np.asarray(flat), np.asarray(lengths), shard, shards))
-                start += len(lengths)
-            files |= writers[lang].close()
+        writers = {lang: _SideWriter(scratch, lang, token_dtype(vocab_sizes[lang]), shards) for lang in langs}
+        start = dict.fromkeys(langs, 0)
+        for chunks in itertools.zip_longest(*sides.values()):  # the languages in turn, a chunk each
+            for lang, chunk in zip(langs, chunks, strict=True):
+                if chunk is None:
+                    continue  # this language's chunks ended first (they may be cut differently)
+                flat, lengths = np.asarray(chunk[0]), np.asarray(chunk[1])
+                shard = shard_of(np.arange(start[lang], start[lang] + len(lengths)), seed, shards)
+                writers[lang].add(_group_by_shard(flat, lengths, shard, shards))
+                start[lang] += len(lengths)
+        files = {name: digest for w in writers.values() for name, digest in w.close().items()}
         counts = {lang: sum(w.pairs) for lang, w in writers.items()}
         if len(set(counts.values())) > 1:
             raise NmtError(f"{Path(bin_dir) / split}: the languages have different pair counts {counts}")
@@ -224,51 +226,67 @@ def write_split(
 
 @dataclass(frozen=True)
 class TextSide:
-    """One language of a split to encode: its text (one sentence a line), its SentencePiece model,
-    and a picklable `normalize` applied to each line first (None: the text is already normalised)."""
+    """One language of a split to encode: its text (one sentence a line) and its SentencePiece model."""
 
     lang: str
     text: Path
     model: Path
-    normalize: Callable[[str], str] | None = None
 
 
+PairPrep = Callable[[str, str], tuple[str, str, bool]]  # (src, tgt) → (src, tgt, changed): nmt.data.passthrough
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(model_path: str, normalize: Callable[[str], str] | None) -> None:
-    _WORKER["sp"] = spm.SentencePieceProcessor(model_file=model_path)
-    _WORKER["normalize"] = normalize
+def _init_worker(models: tuple[str, str], prepare: PairPrep | None) -> None:
+    _WORKER["sp"] = [spm.SentencePieceProcessor(model_file=m) for m in models]
+    _WORKER["prepare"] = prepare
 
 
-def _encode_chunk(lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(flat int32 ids, int64 lengths) of one chunk of lines; one SentencePiece thread (the
-    parallelism is the worker processes)."""
-    normalize = _WORKER["normalize"]
-    if normalize is not None:
-        lines = [normalize(line) for line in lines]
-    pieces = _WORKER["sp"].encode(lines, out_type=int, num_threads=1)
+def _ids(sp: spm.SentencePieceProcessor, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(flat int32 ids, int64 lengths) of `lines`; one SentencePiece thread (the parallelism is
+    the worker processes)."""
+    pieces = sp.encode(lines, out_type=int, num_threads=1)
     lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
     flat = np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int32, count=int(lengths.sum()))
     return flat, lengths
 
 
-def _chunks(path: Path, size: int) -> Iterator[list[str]]:
-    with open(path, encoding="utf-8") as f:
-        while chunk := [line.rstrip("\n") for line in itertools.islice(f, size)]:
-            yield chunk
+def _encode_chunk(chunk: tuple[list[str], list[str]]) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+    """Both sides of a chunk of pairs, prepared (normalised/masked) then encoded: ([(flat,
+    lengths) per side], pairs the preparation changed)."""
+    src, tgt = chunk
+    changed = 0
+    prepare = _WORKER["prepare"]
+    if prepare is not None:
+        done = [prepare(s, t) for s, t in zip(src, tgt, strict=True)]
+        src, tgt = [d[0] for d in done], [d[1] for d in done]
+        changed = sum(d[2] for d in done)
+    return [_ids(sp, lines) for sp, lines in zip(_WORKER["sp"], (src, tgt), strict=True)], changed
 
 
-def _encoded_chunks(
-    side: TextSide, workers: int, chunk_lines: int, on_progress: Callable[[int], None] | None
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    chunks = _chunks(side.text, chunk_lines)
-    for _, (flat, lengths) in map_ordered(
-        _encode_chunk, chunks, workers, _init_worker, (str(side.model), side.normalize)
-    ):
-        if on_progress is not None:
-            on_progress(len(lengths))
-        yield flat, lengths
+def _chunks(paths: tuple[Path, Path], size: int) -> Iterator[tuple[list[str], list[str]]]:
+    """The aligned files in chunks of `size` pairs (line counts checked equal beforehand)."""
+    with open(paths[0], encoding="utf-8") as fs, open(paths[1], encoding="utf-8") as ft:
+        while src := [line.rstrip("\n") for line in itertools.islice(fs, size)]:
+            yield src, [line.rstrip("\n") for line in itertools.islice(ft, len(src))]
+
+
+def _fan_out(stream: Iterator[list], n: int) -> list[Iterator]:
+    """n iterators, the i-th yielding item i of each of `stream`'s lists. Each holds what the
+    others have pulled and it has not: bounded when they are read in turn (`write_split`)."""
+    queues: list[collections.deque] = [collections.deque() for _ in range(n)]
+
+    def side(i: int) -> Iterator:
+        while True:
+            if not queues[i]:
+                item = next(stream, None)
+                if item is None:
+                    return
+                for q, part in zip(queues, item, strict=True):
+                    q.append(part)
+            yield queues[i].popleft()
+
+    return [side(i) for i in range(n)]
 
 
 def encode_split(
@@ -279,27 +297,38 @@ def encode_split(
     shard_pairs: int | None = SHARD_PAIRS,
     workers: int = 1,
     chunk_lines: int = 10_000,
-    on_progress: Callable[[str, int], None] | None = None,
-) -> dict[str, dict]:
-    """Encode the texts of `sides` (one per language, aligned line by line) into `bin_dir/split`.
+    on_progress: Callable[[int], None] | None = None,
+    prepare: PairPrep | None = None,
+) -> dict:
+    """Encode the texts of `sides` (src and tgt, aligned line by line) into `bin_dir/split`.
 
-    `shard_pairs` pairs per shard (None: one shard, pairs in corpus order); `seed` spreads pairs
-    over shards; `on_progress(lang, n_lines)` after each chunk. Returns per language
-    {"sentences", "tokens", "unk"}. NmtError when the texts' line counts differ.
+    Chunks of `chunk_lines` pairs go to `workers` processes, each of which prepares the pairs
+    (`prepare`: normalisation and pass-through masking, `nmt.data.passthrough.PairPrep`; None:
+    the lines as they are) and encodes both sides. `shard_pairs` pairs per shard (None: one
+    shard, pairs in corpus order); `seed` spreads pairs over shards; `on_progress(n_pairs)` after
+    each chunk. Returns {lang: {"sentences", "tokens", "unk"}, "changed_pairs": n}. NmtError
+    when the texts' line counts differ.
     """
     lines = {side.lang: count_lines(side.text) for side in sides}
     if len(set(lines.values())) > 1:
         a, b = sides[0], sides[1]
         raise NmtError(f"{a.text} has {lines[a.lang]} lines but {b.text} has {lines[b.lang]}: they must align")
     vocab = {s.lang: spm.SentencePieceProcessor(model_file=str(s.model)).get_piece_size() for s in sides}
+    changed = 0
 
-    def chunks(side: TextSide) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        progress = functools.partial(on_progress, side.lang) if on_progress else None
-        yield from _encoded_chunks(side, workers, chunk_lines, progress)
+    def results() -> Iterator[list[tuple[np.ndarray, np.ndarray]]]:
+        nonlocal changed
+        chunks = _chunks((sides[0].text, sides[1].text), chunk_lines)
+        models = (str(sides[0].model), str(sides[1].model))
+        for _, (encoded, n) in map_ordered(_encode_chunk, chunks, workers, _init_worker, (models, prepare)):
+            changed += n
+            if on_progress is not None:
+                on_progress(len(encoded[0][1]))
+            yield encoded
 
-    shards = shard_count(lines[sides[0].lang], shard_pairs)
-    manifest = write_split(bin_dir, split, {s.lang: chunks(s) for s in sides}, vocab, seed, shards)
-    return {
+    streams = dict(zip((s.lang for s in sides), _fan_out(results(), len(sides)), strict=True))
+    manifest = write_split(bin_dir, split, streams, vocab, seed, shard_count(lines[sides[0].lang], shard_pairs))
+    counts: dict = {
         lang: {
             "sentences": manifest["pairs"],
             "tokens": sum(s["tokens"][lang] for s in manifest["shards"]),
@@ -307,6 +336,7 @@ def encode_split(
         }
         for lang in manifest["langs"]
     }
+    return counts | {"changed_pairs": changed}
 
 
 # --------------------------------------------------------------------------- reading

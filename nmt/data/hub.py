@@ -9,6 +9,9 @@ A split can be a fixed 1-in-N sample of a hub split (`HubSplit(every=N)`) or the
 (`rest=True`), chosen by a hash of the target (English) side, so both are stable across runs and
 machines and pairs sharing an English sentence land on the same side.
 
+`nmt.data.hub_cache` downloads a split's Parquet files once and reads them from the cache;
+`stream_rows` is for splits that are not Parquet files (and for `nmt.data.mono`).
+
 Failing fast: before reading a split `check_reachable` sends one HEAD request to the hub
 endpoint (`HF_ENDPOINT`, default https://huggingface.co) with a 5 s timeout; without network the
 command stops at once with one line naming the dataset and how to use a mirror, instead of
@@ -22,7 +25,7 @@ from __future__ import annotations
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from nmt.data.recipes import BadLines, HubSplit, Recipe, pair_from_record
 from nmt.errors import NmtError
@@ -54,7 +57,7 @@ def check_reachable(dataset: str) -> None:
     raise NmtError(f"hub dataset {dataset}: cannot reach {endpoint} ({reason}); {MIRROR_HINT}")
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
 
@@ -84,7 +87,22 @@ def read_hub(
     recipe: Recipe, split: HubSplit, langs: tuple[str, str], bad: BadLines, labels: list[str] | None = None
 ) -> Iterator[tuple[int, str, str]]:
     """Stream (row number, source, target) of one hub split; append each kept row's label to `labels`."""
-    for n, obj in enumerate(_recipe_rows(recipe, split), 1):
+    return hub_pairs(_recipe_rows(recipe, split), recipe, split, langs, bad, labels)
+
+
+def hub_pairs(
+    rows: Iterable[object],
+    recipe: Recipe,
+    split: HubSplit,
+    langs: tuple[str, str],
+    bad: BadLines,
+    labels: list[str] | None = None,
+) -> Iterator[tuple[int, str, str]]:
+    """(row number from 1, source, target) of the rows of a hub split that belong to it (the
+    recipe's `keep` labels, the split's 1-in-N sample); unusable rows counted in `bad`, each
+    kept row's label appended to `labels`. Streamed rows and rows read from the cached Parquet
+    files (`nmt.data.hub_cache`) go through this same function."""
+    for n, obj in enumerate(rows, 1):
         rec = _record(obj, recipe)
         label = rec.get("label") if isinstance(rec, dict) else None
         if recipe.keep and label not in recipe.keep:
@@ -115,4 +133,4 @@ def stream_rows(
     except NmtError:
         raise
     except Exception as e:  # network, missing files, authentication: all fixed by the user
-        raise NmtError(f"{where}: could not load ({_one_line(e)}); {MIRROR_HINT}") from None
+        raise NmtError(f"{where}: could not load ({one_line(e)}); {MIRROR_HINT}") from None

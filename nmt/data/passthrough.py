@@ -25,7 +25,8 @@ placeholders are user-defined symbols of both SentencePiece models, so they are 
 
 Training (`mask_pair`): a source span is masked only where a span with the same text is found
 by the same rules in the target; then both sides get the same placeholder. This is also the
-meaning of "the same span on both sides" in the pass-through score.
+meaning of "the same span on both sides" in the pass-through score. corpus/ stays raw: pairs
+are masked (`PairPrep`) as SentencePiece's sample is drawn and as the encoding workers encode them.
 
 Restoration (`restore`), the documented rule for a model's mistakes:
   - placeholder i appears as often as in the source: each becomes slot i's text;
@@ -39,15 +40,11 @@ No placeholder character of the model's output reaches the user; whitespace is c
 
 from __future__ import annotations
 
-import contextlib
 import re
-import shutil
-import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from nmt.config import PASSTHROUGH_KINDS, Config, DataConfig
+from nmt.config import PASSTHROUGH_KINDS, DataConfig
 
 MAX_SLOTS = 10
 OPEN, CLOSE = "⦅", "⦆"  # U+2985/U+2986: NFKC-stable (they are what ｟｠ normalise to)
@@ -161,7 +158,10 @@ def mask(text: str, spans: list[Span]) -> Masked:
 
 def mask_pair(src: str, tgt: str, detector: Detector) -> tuple[Masked, str]:
     """(masked source, masked target) of a training pair: only spans found on both sides are masked."""
-    src_spans, tgt_spans = detector.find(src), detector.find(tgt)
+    src_spans = detector.find(src)
+    if not src_spans:  # most sources: nothing to share, and the target (every English word a match) is not scanned
+        return Masked(src), tgt
+    tgt_spans = detector.find(tgt)
     shared = {s.text for s in src_spans} & {s.text for s in tgt_spans}
     if not shared:
         return Masked(src), tgt
@@ -242,52 +242,43 @@ def describe(score: dict) -> str:
     return f"pass-through {score['accuracy']:.1%} ({score['kept']} of {score['spans']} spans kept)"
 
 
-# --------------------------------------------------------------------------- corpus files
+# --------------------------------------------------------------------------- corpus pairs
 
 
-def _mask_split(data: DataConfig, detector: Detector, inputs: list[Path], outputs: list[Path], raw: bool) -> dict:
-    """Write the masked pairs of `inputs` (src, tgt) to `outputs`; `raw` texts are normalised first."""
-    from nmt.data.normalize import normalize_source, normalize_target
+class PairPrep:
+    """What a pair of corpus lines becomes before SentencePiece sees it: normalised first when
+    `raw` (valid/test keep their raw references in corpus/; train is normalised already), then
+    masked when pass-through is on. Picklable, so that the encoding workers and the vocabulary's
+    sampler run it where the pairs are (nothing is written to disk); the detector is compiled
+    once per process, on first use."""
 
-    pairs = masked = 0
-    with (
-        open(inputs[0], encoding="utf-8") as fs,
-        open(inputs[1], encoding="utf-8") as ft,
-        open(outputs[0], "w", encoding="utf-8") as out_s,
-        open(outputs[1], "w", encoding="utf-8") as out_t,
-    ):
-        for s, t in zip(fs, ft, strict=False):
-            s, t = s.rstrip("\n"), t.rstrip("\n")
-            if raw:
-                s, t = normalize_source(s, data), normalize_target(t, data)
-            ms, mt = mask_pair(s, t, detector)
-            out_s.write(ms.text + "\n")
-            out_t.write(mt + "\n")
-            pairs, masked = pairs + 1, masked + bool(ms.slots)
-    return {"pairs": pairs, "masked_pairs": masked}
+    def __init__(self, data: DataConfig, raw: bool) -> None:
+        self.data, self.raw = data, raw
+        self._detector: Detector | None = None
+
+    @property
+    def masks(self) -> bool:
+        return bool(self.data.passthrough)
+
+    def __getstate__(self) -> dict:
+        return {"data": self.data, "raw": self.raw, "_detector": None}
+
+    def __call__(self, src: str, tgt: str) -> tuple[str, str, bool]:
+        """(source, target, whether a span was masked)."""
+        if self.raw:
+            from nmt.data.normalize import normalize_source, normalize_target
+
+            src, tgt = normalize_source(src, self.data), normalize_target(tgt, self.data)
+        if not self.masks:
+            return src, tgt, False
+        if self._detector is None:
+            self._detector = Detector.from_data(self.data)
+        masked, tgt = mask_pair(src, tgt, self._detector)
+        return masked.text, tgt, bool(masked.slots)
 
 
-@contextlib.contextmanager
-def masked_corpus(config: Config, run_dir: Path, splits: Iterable[str]) -> Iterator[dict | None]:
-    """Masked, normalised copies of `<run>/corpus/{split}.{lang}` in a temporary folder of the run.
-
-    Yields {"train.zh": Path, ..., "stats": {split: {"pairs", "masked_pairs"}}} — what
-    SentencePiece trains on and `binarize` encodes — or None when pass-through is off.
-    Train is normalised already; valid/test (raw references) are normalised here.
-    """
-    data = config.data
-    if not data.passthrough:
-        yield None
-        return
-    detector, corpus = Detector.from_data(data), Path(run_dir) / "corpus"
-    tmp = Path(tempfile.mkdtemp(prefix=".passthrough-masked.", dir=run_dir))
-    try:
-        out: dict = {"stats": {}}
-        for split in splits:
-            names = [f"{split}.{data.src_lang}", f"{split}.{data.tgt_lang}"]
-            paths = [tmp / n for n in names]
-            out["stats"][split] = _mask_split(data, detector, [corpus / n for n in names], paths, split != "train")
-            out |= dict(zip(names, paths, strict=True))
-        yield out
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+def pair_prep(data: DataConfig, split: str) -> PairPrep | None:
+    """The `PairPrep` of `split`, or None where its lines go to SentencePiece as they are (train
+    without pass-through)."""
+    raw = split != "train"
+    return PairPrep(data, raw) if raw or data.passthrough else None

@@ -15,7 +15,9 @@ rules to a part of a file.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import gzip
+import itertools
 import json
 import lzma
 import os
@@ -25,7 +27,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from nmt.config import DataConfig
-from nmt.data.hub import read_hub
+from nmt.data.hub import hub_pairs, read_hub
+from nmt.data.hub_cache import parquet_rows, split_files
 from nmt.data.recipes import SPLITS, BadLines, HubSplit, Recipe, pair_from_record
 from nmt.errors import NmtError
 
@@ -37,9 +40,10 @@ _MIRROR_STEMS = {"train": ("train",), "valid": ("validation", "valid", "dev"), "
 @dataclass(frozen=True)
 class Source:
     kind: str  # jsonl | tsv | plain | hub | none
-    paths: tuple[Path, ...] = ()
+    paths: tuple[Path, ...] = ()  # hub: its Parquet files in the hub cache (none: streamed)
     label: str = ""
     hub_split: HubSplit | None = None
+    ref: str = ""  # hub with files: the repository, commit and paths they are (`HubFiles.ref`)
 
 
 def _parse_json(text: str, src: str, tgt: str) -> tuple[str, str] | str:
@@ -167,8 +171,23 @@ def read_split(
     if source.kind == "plain":
         return _read_plain(source.paths[0], source.paths[1], bad)
     if source.kind == "hub" and source.hub_split is not None:
-        return read_hub(recipe, source.hub_split, (data.src_lang, data.tgt_lang), bad, labels)
+        langs = (data.src_lang, data.tgt_lang)
+        if source.paths:  # the cached Parquet files
+            rows = itertools.chain.from_iterable(map(parquet_rows, source.paths))
+            return hub_pairs(rows, recipe, source.hub_split, langs, bad, labels)
+        return read_hub(recipe, source.hub_split, langs, bad, labels)
     return iter(())
+
+
+def cached_hub(source: Source, recipe: Recipe) -> Source:
+    """A hub split with its Parquet files downloaded once into the hub cache (`nmt.data.hub_cache`):
+    read from there; other sources, and hub splits that are not Parquet files, as they are."""
+    if source.kind != "hub" or source.hub_split is None or source.paths:
+        return source
+    files = split_files(recipe, source.hub_split)
+    if files is None:
+        return source
+    return dataclasses.replace(source, paths=files.local, ref=files.ref)
 
 
 def _mirror_root(data: DataConfig, mirror: str | None) -> Path | None:
@@ -197,15 +216,54 @@ def _mirror_split(folder: Path, split: str, data: DataConfig) -> Source:
     return Source("none", label=str(folder / f"{split}.jsonl"))
 
 
-def find_sources(recipe: Recipe, data: DataConfig, mirror: str | None = None) -> dict[str, Source]:
-    """Where each split comes from: the mirror (argument, data.mirror, NMT_MIRROR) or the hub."""
+def path_source(path: str | Path, data: DataConfig, split: str, key: str) -> Source:
+    """The split named by a path of the config (`key`, for errors): a folder laid out like a
+    mirror folder (its `split` files), or one file: `x.jsonl` or `x.tsv` (each maybe .gz/.xz), or
+    one side of a plain pair (`x.zh`, its partner `x.en` beside it)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        found = _mirror_split(p, split, data)
+        if found.kind == "none":
+            raise NmtError(f"{key}: {p} has no {split} file ({split}.jsonl, {split}.tsv or {split}.zh + {split}.en)")
+        return found
+    if not p.is_file():
+        raise NmtError(f"{key}: {p} not found")
+    stem = p.with_suffix("") if is_compressed(p) else p
+    kind = stem.suffix.lstrip(".")
+    if kind in PARSERS:
+        return Source(kind, (p,), str(p))
+    langs = (data.src_lang, data.tgt_lang)
+    if kind not in langs:
+        raise NmtError(f"{key}: {p}: expected .jsonl, .tsv or .{langs[0]} / .{langs[1]} (each maybe .gz or .xz)")
+    ext = p.suffix if is_compressed(p) else ""
+    pair = tuple(stem.with_suffix(f".{lang}{ext}") for lang in langs)
+    if not pair[0].is_file() or not pair[1].is_file():
+        missing = pair[0] if not pair[0].is_file() else pair[1]
+        raise NmtError(f"{key}: {missing} not found, but {p.name} is there (plain files come in pairs)")
+    return Source("plain", pair, f"{pair[0]}+{pair[1].name if ext else pair[1].suffix}")
+
+
+def find_sources(
+    recipe: Recipe,
+    data: DataConfig,
+    mirror: str | None = None,
+    need: tuple[str, ...] = ("train", "valid"),
+    key: str = "data.corpus",
+    own_folder: bool = False,
+) -> dict[str, Source]:
+    """Where each split comes from: the mirror (argument, data.mirror, NMT_MIRROR) or the hub;
+    `data.valid` / `data.test` when set. NmtError (naming `key`) when a split of `need` is missing.
+    A mirror's folder of the recipe (`recipe.subdir`) is read, or its top folder when it has none
+    there, unless `own_folder` (one of several corpora: the top folder is not this one's)."""
     root = _mirror_root(data, mirror)
+    if root is not None and own_folder and recipe.subdir and not (root / recipe.subdir).is_dir():
+        raise NmtError(f"{key}: {recipe.name!r}: the mirror {root} has no folder {recipe.subdir}")
     if root is not None:
         folder = root / recipe.subdir if recipe.subdir and (root / recipe.subdir).is_dir() else root
         sources = {split: _mirror_split(folder, split, data) for split in SPLITS}
         where = f"mirror {folder} (looked for train.jsonl, train.tsv, train.{data.src_lang}+train.{data.tgt_lang})"
     elif recipe.hub is None:
-        raise NmtError(f"data.corpus: {recipe.name!r} is mirror-only: pass --mirror DIR, set data.mirror or NMT_MIRROR")
+        raise NmtError(f"{key}: {recipe.name!r} is mirror-only: pass --mirror DIR, set data.mirror or NMT_MIRROR")
     else:
         hub = dict(recipe.splits)
         sources = {
@@ -213,8 +271,11 @@ def find_sources(recipe: Recipe, data: DataConfig, mirror: str | None = None) ->
             for s in SPLITS
         }
         where = f"hub {recipe.hub}"
-    if sources["train"].kind == "none":
+    for split, path in (("valid", data.valid), ("test", data.test)):
+        if path is not None:  # named in the config: wins over the corpus's own split
+            sources[split] = path_source(path, data, split, f"data.{split}")
+    if "train" in need and sources["train"].kind == "none":
         raise NmtError(f"corpus {recipe.name!r} has no train split in {where}; it can only be used for evaluation")
-    if sources["valid"].kind == "none":
+    if "valid" in need and sources["valid"].kind == "none":
         raise NmtError(f"corpus {recipe.name!r} has no validation split in {where}")
     return sources

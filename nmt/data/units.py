@@ -6,8 +6,11 @@ that cleaning them on 1 or N processes and writing the results in unit order giv
 - uncompressed plain pairs: blocks of `UNIT_LINES` lines, with each block's byte offset in both
   files, found in the pass that counts the lines (which stops on differing counts, before any
   other work).
-- compressed files (gzip, xz) and the hub: blocks of `UNIT_LINES` lines (rows) read in order
-  by the parent and handed to a worker whole.
+- the hub's Parquet files, downloaded once (`nmt.data.hub_cache`): whole row groups of one file,
+  consecutive ones joined up to `UNIT_LINES` rows, planned from the files' footers; a worker
+  reads its row groups itself.
+- compressed files (gzip, xz) and a streamed hub split (not Parquet): blocks of `UNIT_LINES`
+  lines (rows) read in order by the parent and handed to a worker whole.
 
 A worker turns its unit back into records with `unit_records`: (line number within the unit,
 source, target), bad lines counted by reason with their line number within the unit; the
@@ -24,6 +27,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from nmt.config import DataConfig
+from nmt.data.hub import hub_pairs
+from nmt.data.hub_cache import parquet_rows, row_group_units
 from nmt.data.readers import (
     PARSERS,
     Source,
@@ -35,7 +40,7 @@ from nmt.data.readers import (
     parse_plain,
     read_split,
 )
-from nmt.data.recipes import BadLines, Recipe
+from nmt.data.recipes import BadLines, HubSplit, Recipe
 
 UNIT_BYTES = 16 << 20  # a JSONL/TSV unit: about 100k WMT-length pairs
 UNIT_LINES = 100_000  # a plain, compressed or hub unit
@@ -46,11 +51,13 @@ class Unit:
     """One unit of a split: a part of its file(s) (`paths`, `starts`, `size`) or its records (`rows`)."""
 
     index: int
-    kind: str  # jsonl | tsv | plain: the format of the lines; pairs: hub rows already read
-    paths: tuple[Path, ...] = ()  # file units: the file (jsonl, tsv) or the two files (plain)
-    starts: tuple[int, ...] = ()  # file units: byte offset of the first line in each path
-    size: int = 0  # file units: bytes (jsonl, tsv) or lines (plain)
+    kind: str  # jsonl | tsv | plain: the format of the lines; pairs: hub rows already read; parquet: row groups
+    paths: tuple[Path, ...] = ()  # file units: the file (jsonl, tsv, parquet) or the two files (plain)
+    starts: tuple[int, ...] = ()  # file units: byte offset of the first line in each path (parquet: first row group)
+    size: int = 0  # file units: bytes (jsonl, tsv), lines (plain) or row groups (parquet)
     rows: tuple = ()  # in-memory units: raw lines (jsonl, tsv), (src, tgt) raw lines (plain), (n, s, t) (pairs)
+    recipe: Recipe | None = None  # parquet: the recipe and hub split its rows are read by (`hub_pairs`)
+    hub_split: HubSplit | None = None
 
     @property
     def at_start(self) -> bool:
@@ -59,10 +66,17 @@ class Unit:
 
 
 def plan_units(source: Source, recipe: Recipe, data: DataConfig, bad: BadLines) -> tuple[int | None, Iterator[Unit]]:
-    """(number of units if known before reading, the units in order) of one split. Hub rows
-    are read here, their bad rows counted in `bad`. Plain files whose line counts differ are an
-    NmtError naming both: before the first unit when uncompressed (their lines are counted to
+    """(number of units if known before reading, the units in order) of one split. Streamed hub
+    rows are read here, their bad rows counted in `bad`. Plain files whose line counts differ are
+    an NmtError naming both: before the first unit when uncompressed (their lines are counted to
     plan the units), when one ends first otherwise."""
+    if source.kind == "hub" and source.paths:  # cached Parquet files: whole row groups, read by the workers
+        groups = row_group_units(source.paths, UNIT_LINES)
+        units = [
+            Unit(i, "parquet", (path,), (first,), count, recipe=recipe, hub_split=source.hub_split)
+            for i, (path, first, count) in enumerate(groups)
+        ]
+        return len(units), iter(units)
     if source.kind == "hub":
         rows = read_split(source, recipe, data, bad)
         return None, (Unit(i, "pairs", rows=block) for i, block in enumerate(_blocks(rows)))
@@ -147,6 +161,10 @@ def unit_records(unit: Unit, data: DataConfig, bad: BadLines, lines: list[int]) 
     if unit.kind == "pairs":
         lines[0] = len(unit.rows)
         yield from unit.rows
+        return
+    if unit.kind == "parquet" and unit.recipe is not None and unit.hub_split is not None:
+        rows = _count(parquet_rows(unit.paths[0], unit.starts[0], unit.size), lines)
+        yield from hub_pairs(rows, unit.recipe, unit.hub_split, (data.src_lang, data.tgt_lang), bad)
         return
     with _unit_lines(unit) as raw:
         counted = _count(raw, lines)

@@ -7,9 +7,10 @@ SentencePiece's own normalisation is off ("identity"): `nmt.data.corpus.normaliz
 place text is normalised.
 
 Pass-through (`data.passthrough`, nmt/data/passthrough.py): the placeholders `⦅0⦆…` are
-user-defined symbols of both models, and SentencePiece trains on, and every split is encoded
-from, normalised copies in which spans found on both sides of a pair are masked (`corpus/`
-stays raw, so references are untouched).
+user-defined symbols of both models, and spans found on both sides of a pair are masked as
+the pair is drawn into SentencePiece's sample and as the encoding workers encode it
+(`passthrough.PairPrep`; no masked copy of the corpus is written, and `corpus/` stays raw, so
+references are untouched).
 
 Deterministic and bounded: the sample (`<run>/vocab/sample.{zh,en}`, nmt/data/vocab_sample.py) is
 drawn by nmt, seeded and capped by `vocab.sample_chars` characters per side, so SentencePiece's
@@ -33,11 +34,11 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import functools
 import io
 import json
 import multiprocessing
 import shutil
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,8 +51,7 @@ from rich.table import Table
 from nmt import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt.config import BT_TAG, Config, VocabConfig, stamp_sections
 from nmt.data.encoded import SHARD_PAIRS, TextSide, encode_split, manifest_path
-from nmt.data.normalize import normalize_source, normalize_target
-from nmt.data.passthrough import PLACEHOLDERS, masked_corpus
+from nmt.data.passthrough import PLACEHOLDERS, pair_prep
 from nmt.data.readers import count_lines
 from nmt.data.recipes import SPLITS
 from nmt.data.tokenizer import Tokenizer
@@ -255,15 +255,17 @@ def _remove_partial_files(folder: Path) -> None:
         partial.unlink(missing_ok=True)
 
 
-def train_models(config: Config, run_dir: Path, texts: dict, langs: tuple[str, str]) -> dict:
-    """Draw the sample `<run>/vocab/sample.{lang}` of `texts` ({"train.<lang>": Path}) and train
-    `<run>/vocab/{lang}.model` on it for both sides; returns {lang: train_model's dict + "sample"}."""
+def train_models(config: Config, run_dir: Path, langs: tuple[str, str]) -> dict:
+    """Draw the sample `<run>/vocab/sample.{lang}` of the train split (pairs masked as they are
+    drawn where pass-through is on) and train `<run>/vocab/{lang}.model` on it for both sides;
+    returns {lang: train_model's dict + "sample"}."""
     v, folder = config.vocab, Path(run_dir) / "vocab"
-    sources = tuple(Path(texts[f"train.{lang}"]) for lang in langs)
+    sources = tuple(Path(run_dir) / "corpus" / f"train.{lang}" for lang in langs)
     samples = tuple(folder / f"sample.{lang}" for lang in langs)
     _remove_partial_files(folder)
+    prepare = pair_prep(config.data, "train")
     (stats,) = _in_processes(
-        draw_sample, [(sources, samples, v.sample_chars, v.max_sentences, config.data.seed)], 1, folder
+        draw_sample, [(sources, samples, v.sample_chars, v.max_sentences, config.data.seed, prepare)], 1, folder
     )
     jobs = [
         (config, sample, folder / f"{lang}.model", side, source)
@@ -279,35 +281,41 @@ def train_models(config: Config, run_dir: Path, texts: dict, langs: tuple[str, s
 # --------------------------------------------------------------------------- encoding and report
 
 
-def _encode_splits(config: Config, run_dir: Path, langs: tuple[str, str], masked: dict | None = None) -> dict:
-    """Encode every split into <run>/bin/{split}/ (train in shards; `nmt.data.encoded`); returns
-    counts per split and language.
-
-    `masked` (from `nmt.data.passthrough.masked_corpus`): normalised, masked texts to encode instead.
-    """
+def _encode_splits(config: Config, run_dir: Path, langs: tuple[str, str]) -> dict:
+    """Encode every split of corpus/ into <run>/bin/{split}/ (train in shards; `nmt.data.encoded`),
+    each pair prepared as SentencePiece saw it (`nmt.data.passthrough.pair_prep`); returns counts
+    per split and language, and the pairs pass-through masked per split."""
     data, corpus = config.data, run_dir / "corpus"
-    normalizers = {"train": (None, None)}
-    normalizers |= dict.fromkeys(
-        ("valid", "test"),
-        (None, None)
-        if masked
-        else (functools.partial(normalize_source, data=data), functools.partial(normalize_target, data=data)),
-    )
-    counts: dict = {}
+    counts: dict = {"masked": {}}
     with Progress(console=Console(stderr=True), transient=True) as progress:
         for split in SPLITS:
-            sides = []
-            for lang, normalize in zip(langs, normalizers[split], strict=True):
-                text = masked[f"{split}.{lang}"] if masked else corpus / f"{split}.{lang}"
-                sides.append(TextSide(lang, text, run_dir / "vocab" / f"{lang}.model", normalize))
-            tasks = {s.lang: progress.add_task(f"encode {split}.{s.lang}", total=count_lines(s.text)) for s in sides}
+            sides = [TextSide(lang, corpus / f"{split}.{lang}", run_dir / "vocab" / f"{lang}.model") for lang in langs]
+            task = progress.add_task(f"encode {split}", total=count_lines(sides[0].text))
             shard_pairs = SHARD_PAIRS if split == "train" else None  # valid/test: one shard, in order
             encoded = encode_split(
                 run_dir / "bin", split, sides, data.seed, shard_pairs, config.vocab.workers,
-                on_progress=lambda lang, n: progress.advance(tasks[lang], n),  # noqa: B023 — used in this iteration
+                on_progress=lambda n: progress.advance(task, n),  # noqa: B023 — used in this iteration
+                prepare=pair_prep(data, split),
             )  # fmt: skip
-            counts |= {f"{split}.{lang}": c for lang, c in encoded.items()}
+            counts |= {f"{split}.{lang}": encoded[lang] for lang in langs}
+            counts["masked"][split] = {
+                "pairs": encoded[langs[0]]["sentences"],
+                "masked_pairs": encoded["changed_pairs"],
+            }
     return counts
+
+
+class _Stopwatch:
+    """Wall seconds of the steps of a build, in order: `lap(name)` ends the step `name`."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = round(now - self._last, 3)
+        self._last = now
 
 
 def _report(models: dict, counts: dict, langs: tuple[str, str]) -> dict:
@@ -334,7 +342,10 @@ def print_report(report: dict, langs: tuple[str, str], console: Console | None =
             f"{r['valid_pieces_per_sentence']:.2f}",
         )
         table.add_row(lang, *row)
-    (console or Console(stderr=True)).print(table)
+    console = console or Console(stderr=True)
+    console.print(table)
+    if report.get("seconds"):
+        console.print("vocab: " + ", ".join(f"{step} {sec:,.1f} s" for step, sec in report["seconds"].items()))
 
 
 def _outputs(run_dir: Path, langs: tuple[str, str]) -> list[Path]:
@@ -403,12 +414,15 @@ def build_vocab(config: Config, run_dir: Path) -> dict:
         Console(stderr=True).print(f"vocab: {run_dir / 'vocab'} is up to date (skipped)")
         return json.loads(stamp_path(run_dir, "vocab").read_text(encoding="utf-8"))["report"]
     clear_stamp(run_dir, "vocab")
-    with masked_corpus(config, run_dir, SPLITS) as masked:  # None when pass-through is off
-        texts = masked or {f"train.{lang}": run_dir / "corpus" / f"train.{lang}" for lang in langs}
-        models = _copy_models(config, run_dir) if reused else train_models(config, run_dir, texts, langs)
-        report = _report(models, _encode_splits(config, run_dir, langs, masked), langs)
-        if masked:
-            report["passthrough"] = masked["stats"]
+    clock = _Stopwatch()
+    models = _copy_models(config, run_dir) if reused else train_models(config, run_dir, langs)
+    clock.lap("models")
+    counts = _encode_splits(config, run_dir, langs)
+    clock.lap("encode")
+    masked = counts.pop("masked")
+    report = _report(models, counts, langs) | {"seconds": clock.laps}
+    if data.passthrough:
+        report["passthrough"] = masked
     print_report(report, langs)
     write_stamp(run_dir, "vocab", digest, {"report": report})
     return report

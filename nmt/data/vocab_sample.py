@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from nmt.errors import NmtError
 from nmt.files import atomic_path
 
 _PROGRESS_EVERY = 10_000  # lines between progress-bar updates
+Prepare = Callable[[str, str], tuple] | None
 
 
 def pair_key(src: bytes, tgt: bytes, seed: int) -> int:
@@ -70,11 +72,11 @@ class BottomK:
         return [line for _, line in sorted(self._heap, reverse=True)]
 
 
-def _read_pairs(texts: tuple[Path, Path], samples: tuple[BottomK, BottomK], seed: int) -> int:
+def _read_pairs(texts: tuple[Path, Path], samples: tuple[BottomK, BottomK], seed: int, prepare: Prepare) -> int:
     """Stream the two aligned files into the two samples; returns the number of pairs read.
 
-    Lines are read as bytes and decoded only when a sample wants them: most of a large corpus
-    is refused on its key alone.
+    Lines are read as bytes, decoded and prepared only when a sample wants them: most of a large
+    corpus is refused on its key alone (the key is the raw pair's).
     """
     total = count_lines(texts[0])
     pairs = 0
@@ -87,9 +89,10 @@ def _read_pairs(texts: tuple[Path, Path], samples: tuple[BottomK, BottomK], seed
         for pairs, (s, t) in enumerate(zip(fs, ft, strict=False), start=1):
             s, t = s.rstrip(b"\n"), t.rstrip(b"\n")
             key = pair_key(s, t, seed)
-            for sample, line, path in zip(samples, (s, t), texts, strict=True):
-                if sample.wants(key):
-                    sample.add(key, _decode(line, path, pairs))
+            if samples[0].wants(key) or samples[1].wants(key):
+                lines = _decode(s, texts[0], pairs), _decode(t, texts[1], pairs)
+                for sample, line in zip(samples, prepare(*lines)[:2] if prepare else lines, strict=True):
+                    sample.add(key, line)
             if pairs % _PROGRESS_EVERY == 0:
                 progress.update(task, completed=pairs)
         if ft.readline() or pairs != total:
@@ -105,15 +108,22 @@ def _decode(line: bytes, path: Path, number: int) -> str:
 
 
 def draw_sample(
-    texts: tuple[Path, Path], outputs: tuple[Path, Path], budget: int, max_lines: int, seed: int
+    texts: tuple[Path, Path],
+    outputs: tuple[Path, Path],
+    budget: int,
+    max_lines: int,
+    seed: int,
+    prepare: Prepare = None,
 ) -> list[dict]:
     """Write the sample of each side of the aligned files `texts` (src, tgt) to `outputs`, atomically.
 
-    `budget`: characters per side; `max_lines`: lines per side; `seed`: the key's seed.
+    `budget`: characters per side (of the prepared lines); `max_lines`: lines per side; `seed`:
+    the key's seed; `prepare(src, tgt)` → (src, tgt, ...): what a sampled pair becomes first
+    (`nmt.data.passthrough.PairPrep`: pass-through masking), None: kept as read.
     Returns per side {"sentences", "chars", "of_sentences"} (lines kept, their characters, pairs read).
     """
     samples = (BottomK(budget, max_lines), BottomK(budget, max_lines))
-    pairs = _read_pairs(texts, samples, seed)
+    pairs = _read_pairs(texts, samples, seed, prepare)
     stats = []
     for sample, out in zip(samples, outputs, strict=True):
         lines = sample.lines()

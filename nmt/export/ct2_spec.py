@@ -47,7 +47,7 @@ except ImportError:  # the optional extra is not installed
 _ACTIVATIONS = {"relu": "RELU", "gelu": "GELU"}  # torch's F.gelu is the exact (erf) GELU
 _SUPPORTED = {"activation": set(_ACTIVATIONS), "norm": {"pre", "post"}, "positions": {"sinusoidal", "learned"}}
 _SHAPE = {"d_model", "heads", "encoder_layers", "decoder_layers", "ffn_dim", "max_positions", "tie_embeddings"}
-_NOT_IN_WEIGHTS = {"dropout", "attention_dropout", "attention"}  # training-time or kernel choices
+_NOT_IN_WEIGHTS = {"dropout", "attention_dropout", "activation_dropout", "attention"}  # training-time or kernel choices
 
 
 def check_representable(cfg: ModelConfig) -> None:

@@ -52,14 +52,21 @@ def sinusoidal_table(max_positions: int, d_model: int) -> Tensor:
 
 
 class FeedForward(nn.Module):
-    def __init__(self, d_model: int, ffn_dim: int, activation: str):
+    """fc2(drop(act(fc1(x)))): `activation_dropout` drops the (…, ffn_dim) activations, in training
+    only (``model.activation_dropout``, apart from the residual ``model.dropout`` around the block)."""
+
+    def __init__(self, d_model: int, ffn_dim: int, activation: str, activation_dropout: float = 0.0):
         super().__init__()
         self.fc1 = nn.Linear(d_model, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, d_model)
         self.act: Callable[[Tensor], Tensor] = F.relu if activation == "relu" else F.gelu
+        self.activation_dropout = activation_dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.act(self.fc1(x)))  # (B, T, D)
+        h = self.act(self.fc1(x))
+        if self.training and self.activation_dropout > 0:
+            h = F.dropout(h, self.activation_dropout, training=True)
+        return self.fc2(h)  # (B, T, D)
 
 
 class Sublayer(nn.Module):
@@ -84,7 +91,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         pre = cfg.norm == "pre"
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.attention)
-        self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation)
+        self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation, cfg.activation_dropout)
         self.attn_block = Sublayer(cfg.d_model, cfg.dropout, pre)
         self.ffn_block = Sublayer(cfg.d_model, cfg.dropout, pre)
 
@@ -99,7 +106,7 @@ class DecoderLayer(nn.Module):
         pre = cfg.norm == "pre"
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.attention)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.attention)
-        self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation)
+        self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation, cfg.activation_dropout)
         self.self_block = Sublayer(cfg.d_model, cfg.dropout, pre)
         self.cross_block = Sublayer(cfg.d_model, cfg.dropout, pre)
         self.ffn_block = Sublayer(cfg.d_model, cfg.dropout, pre)

@@ -5,7 +5,8 @@
       corpus/{train,valid,test}.{zh,en} one sentence per line; valid/test are the raw references
                                         (only whitespace-stripped), never filtered
       corpus/test.codes                 optional per-line codes (cmn_Hans / cmn_Hant)
-      corpus/stats.json                 counts kept and dropped per cleaning rule; bad lines by reason
+      corpus/stats.json                 counts kept and dropped per cleaning rule; bad lines by reason;
+                                        with data.corpora, each training corpus's counts, weight and pairs
       corpus/manifest.json              sha256 and line count of every corpus file
       corpus.work/                      cleaned units while the corpus stage runs (a killed run resumes there)
       vocab/{zh,en}.model, .vocab       SentencePiece models; vocab/sample.{zh,en}: the lines they trained on

@@ -45,7 +45,8 @@ import torch
 from torch import nn
 
 from nmt.config import Config
-from nmt.data.batching import Batch, PairDataset, Prefetcher, WindowSampler, load_batch
+from nmt.data.batching import Batch, Prefetcher, WindowSampler, collate, load_batch
+from nmt.data.subword_sampling import SubwordSampler
 from nmt.data.vocab import check_vocab_copied
 from nmt.hw.device import check_precision, describe, resolve_device, resolve_precision, set_threads
 from nmt.model.flops import train_flops, training_peak_flops
@@ -128,18 +129,19 @@ class _Feed:
     those built ahead. Both hand out the same batches."""
 
     def __init__(self, data: TrainData, k: int, state: TrainState, device: torch.device) -> None:
-        self.dataset, self.k, self.stream = data.dataset, k, _Stream(data.sampler)
+        self.load, self.k, self.stream = _loader(data), k, _Stream(data.sampler)
         self.ahead: Prefetcher | None = None
         if device.type in PREFETCH_DEVICES:
             cursor = TrainState(epoch=state.epoch, batch_in_epoch=state.batch_in_epoch)
-            groups = _groups(_Stream(data.sampler), data.dataset, cursor, k, pin=device.type == "cuda")
+            groups = _groups(_Stream(data.sampler), self.load, cursor, k, pin=device.type == "cuda")
             self.ahead = Prefetcher(groups, PREFETCH_DEPTH)
 
     def next(self, state: TrainState) -> list[Batch]:
         """The next group's batches; advances `state`'s data position past them."""
+        epoch = state.epoch
         group = self.stream.take(state, self.k)
         if self.ahead is None:
-            return [load_batch(self.dataset, idx) for idx in group]
+            return [self.load(idx, epoch) for idx in group]
         built, batches = next(self.ahead)
         if len(built) != len(group) or not all(np.array_equal(a, b) for a, b in zip(built, group, strict=True)):
             raise RuntimeError("prefetched batches out of step with the data position")
@@ -150,13 +152,23 @@ class _Feed:
             self.ahead.close()
 
 
+def _loader(data: TrainData) -> Callable[[np.ndarray, int], Batch]:
+    """load(indices, epoch): one training batch, its pairs resampled into pieces where
+    ``train.subword_alpha`` is on (`TrainData.subwords`, seeded by epoch and pair)."""
+    dataset, subwords = data.dataset, data.subwords
+    if subwords is None:
+        return lambda idx, epoch: load_batch(dataset, idx)
+    return lambda idx, epoch: collate(subwords.resample(idx, [dataset.pair(int(i)) for i in idx], epoch))
+
+
 def _groups(
-    stream: _Stream, dataset: PairDataset, cursor: TrainState, k: int, pin: bool
+    stream: _Stream, load: Callable[[np.ndarray, int], Batch], cursor: TrainState, k: int, pin: bool
 ) -> Iterator[tuple[list[np.ndarray], list[Batch]]]:
     """Every group from `cursor` on, across epochs: its indices and batches (pinned with `pin`)."""
     while True:
+        epoch = cursor.epoch
         group = stream.take(cursor, k)
-        batches = [load_batch(dataset, idx) for idx in group]
+        batches = [load(idx, epoch) for idx in group]
         yield group, [b.pin_memory() for b in batches] if pin else batches
 
 
@@ -169,6 +181,7 @@ class TrainData:
     src_tok: Any
     tgt_tok: Any
     validator: Validator | None
+    subwords: SubwordSampler | None = None  # train.subword_alpha's resampling of the training pairs
 
     @classmethod
     def open(cls, config: Config, run_dir: Path, device: torch.device, info: DistInfo) -> TrainData:
@@ -187,7 +200,11 @@ class TrainData:
         if info.is_main:
             valid = ParallelSplit.open(run_dir, "valid", config)
             validator = Validator(config, run_dir, valid, device, tgt_tok)
-        return cls(dataset, sampler, src_tok, tgt_tok, validator)
+        subwords = None
+        if t.subword_alpha > 0:
+            models = [run_dir / "vocab" / f"{lang}.model" for lang in (config.data.src_lang, config.data.tgt_lang)]
+            subwords = SubwordSampler(*models, alpha=t.subword_alpha, seed=t.seed, max_len=t.max_len)
+        return cls(dataset, sampler, src_tok, tgt_tok, validator, subwords)
 
     def vocab_sizes(self, config: Config) -> tuple[int, int]:
         """(source, target) vocabulary sizes: the tokenizers', else the config's."""

@@ -10,6 +10,7 @@ from torch import nn
 
 from nmt import PAD_ID
 from nmt.config import TrainConfig
+from nmt.config_values import parse_duration
 from nmt.errors import NmtError
 
 
@@ -71,7 +72,17 @@ def label_smoothed_nll(
     return loss.sum(), nll.sum(), n
 
 
-def lr_factor(step: int, cfg: TrainConfig) -> float:
+def decay_shape(progress: float, shape: str) -> float:
+    """The decay from 1 (progress 0) to 0 (progress 1) shared by every annealing schedule:
+    ``linear`` is 1 - progress, ``cosine`` half a cosine, 0.5 · (1 + cos(π · progress)).
+    Progress is clamped to [0, 1], so a schedule stays at its floor once it is through."""
+    progress = min(max(progress, 0.0), 1.0)
+    if shape == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def lr_factor(step: int, cfg: TrainConfig, elapsed: float = 0.0, warmup_elapsed: float = 0.0) -> float:
     """Multiplier of ``train.lr`` for optimizer update number `step` (1-based).
 
     - ``inverse_sqrt``: ``min(step / warmup, sqrt(warmup / step))`` — linear warm-up to the
@@ -80,23 +91,42 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
       as 1, i.e. no warm-up and 1/sqrt(step) decay.
     - ``cosine``: linear warm-up over ``warmup`` steps, then half a cosine from ``lr`` down
       to ``min_lr`` at ``max_steps``; ``min_lr`` after that.
+    - ``budget-linear`` / ``budget-cosine``: linear warm-up over ``warmup`` steps, then from
+      ``lr`` down to ``min_lr`` (linearly / half a cosine) on the fraction of the time budget
+      ``train.max_time`` spent since the warm-up ended: progress = (elapsed - warmup_elapsed)
+      / (budget - warmup_elapsed), so the rate reaches its floor when the budget stops the run
+      (Li, Yumer & Ramanan, "Budgeted Training: Rethinking Deep Neural Network Training Under
+      Resource Constraints", ICLR 2020: a schedule that anneals to zero at the end of the
+      budget beats off-the-shelf ones, most of all for small budgets).
+      `elapsed` is the seconds of the budget used before this update (`TrainState.elapsed`),
+      on the clock `train.max_time` stops on (`nmt.train.stopping`): training-loop wall time,
+      validation and checkpoint writes included. Those pauses use up the budget the user set
+      as surely as updates do; a clock without them would leave the rate above its floor at the
+      stop. `warmup_elapsed` is that clock at update ``warmup`` (`TrainState.warmup_elapsed`).
+      Both are saved in every checkpoint, so a resumed run continues the same curve.
     """
     step = max(step, 1)
     warmup = max(cfg.warmup, 1)
     if cfg.schedule == "inverse_sqrt":
         return min(step / warmup, math.sqrt(warmup / step))
-    if cfg.max_steps <= 0:
+    budget = parse_duration(cfg.max_time) if cfg.schedule.startswith("budget-") else 0.0
+    if cfg.schedule.startswith("budget-") and budget <= 0:
+        raise NmtError(f"train.schedule: {cfg.schedule} needs train.max_time (it decays to min_lr at the budget)")
+    if cfg.schedule == "cosine" and cfg.max_steps <= 0:
         raise NmtError("train.schedule: cosine needs train.max_steps > 0 (it decays to min_lr at max_steps)")
     if step < warmup:
         return step / warmup
     floor = cfg.min_lr / cfg.lr
+    if budget:
+        progress = (elapsed - warmup_elapsed) / max(budget - warmup_elapsed, 1e-9)
+        return floor + (1.0 - floor) * decay_shape(progress, cfg.schedule.removeprefix("budget-"))
     span = max(cfg.max_steps - warmup, 1)
-    progress = min((step - warmup) / span, 1.0)
-    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return floor + (1.0 - floor) * decay_shape((step - warmup) / span, "cosine")
 
 
-def learning_rate(step: int, cfg: TrainConfig) -> float:
-    return cfg.lr * lr_factor(step, cfg)
+def learning_rate(step: int, cfg: TrainConfig, elapsed: float = 0.0, warmup_elapsed: float = 0.0) -> float:
+    """``train.lr`` × `lr_factor` (same arguments)."""
+    return cfg.lr * lr_factor(step, cfg, elapsed, warmup_elapsed)
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -94,7 +94,12 @@ def _init_checkpoint(config: Config) -> tuple[dict, Config, Path]:
     return tensors, stored, path
 
 
-_SHAPE_FREE = ("dropout", "attention", "attention_dropout")  # settings that do not change the weights
+_SHAPE_FREE = (
+    "dropout",
+    "attention",
+    "attention_dropout",
+    "activation_dropout",
+)  # settings that do not change the weights
 
 
 def check_init_source(stored: Config, config: Config, path: Path) -> None:

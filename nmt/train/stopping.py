@@ -7,7 +7,9 @@ invocations (the total is `TrainState.elapsed`, saved in every checkpoint). Not 
 start-up before the first update (opening the data, building the model, loading a
 checkpoint), the final validation and checkpoint made after the stop, and the pipeline's
 other stages. The budget is checked after every update, so a run stops at the first
-update that ends past it, then validates and checkpoints once more.
+update that ends past it, then validates and checkpoints once more. The budget schedules
+(``train.schedule: budget-linear | budget-cosine``, `nmt.train.objective.lr_factor`) read the same
+clock, so the learning rate reaches its floor when this rule stops the run.
 """
 
 from __future__ import annotations

@@ -48,7 +48,9 @@ from nmt.hw.device import autocast, grad_scaler
 from nmt.model.masks import Packing
 from nmt.model.wrappers import unwrap
 from nmt.train.distributed import all_reduce_sum, world_size
+from nmt.train.ema import WeightAverage
 from nmt.train.objective import build_optimizer, label_smoothed_nll, learning_rate, set_learning_rate
+from nmt.train.regularisers import drop_source_words, symmetric_kl
 
 Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src (B,S), tgt_in (B,T), tgt_out (B,T)
 Packings = tuple[Packing, Packing] | None  # (source, target), on the device
@@ -70,6 +72,7 @@ class TrainState:
     nonfinite_total: int = 0
     tokens: int = 0  # target tokens trained on (all ranks)
     elapsed: float = 0.0  # training-loop wall seconds (updates, validation, checkpoints), summed over resumed runs
+    warmup_elapsed: float = 0.0  # `elapsed` at update train.warmup: where the budget schedules start to decay
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -156,6 +159,8 @@ class Trainer:
         self.takes_packing = "packing" in inspect.signature(unwrap(model).forward).parameters
         self.fused = bool(self.optimizer.defaults.get("fused"))  # its step takes found_inf: skips on the device
         self._pending: list[_Pending] = []
+        # train.ema_decay: the average starts from the weights the run starts from (nmt/train/ema.py)
+        self.ema = WeightAverage(unwrap(model), cfg.ema_decay) if cfg.ema_decay > 0 else None
 
     def update(self, batches: list[Batch | Tensors]) -> StepResult:
         """Forward/backward every micro-batch, then one optimizer step (skipped on the device where
@@ -166,8 +171,12 @@ class Trainer:
         tokens, scale = self._normaliser(sum(c[0] for c in counts))
         sums = self._forward_backward(moved, scale)
         number = self.state.step + 1
-        lr = learning_rate(number, self.cfg)
+        if number <= self.cfg.warmup:
+            self.state.warmup_elapsed = self.state.elapsed
+        lr = learning_rate(number, self.cfg, self.state.elapsed, self.state.warmup_elapsed)
         norm, bad, overflow = self._apply(lr, sums[0])
+        if self.ema is not None:
+            self.ema.update(number)
         self.state.step = number  # provisional: `flush` takes it back if the update was skipped
         result = StepResult(number, lr, sum(c[1] for c in counts), sum(c[2] for c in counts), self.flush)
         stats = torch.stack([sums[0], sums[1], tokens, norm.double(), bad.double()])
@@ -215,16 +224,37 @@ class Trainer:
         return total, (world_size() / total).float()
 
     def _forward_backward(self, batches: list[tuple], scale: float | torch.Tensor) -> torch.Tensor:
-        """Backward of every micro-batch's loss × `scale`; (loss sum, NLL sum) float64, summed over ranks."""
+        """Backward of every micro-batch's loss × `scale`; (loss sum, NLL sum) float64, summed over ranks.
+        The source word dropout of ``train.src_word_dropout`` applies here (training only)."""
         sums = torch.zeros(2, dtype=torch.float64, device=self.device)
         for i, (src, tgt_in, tgt_out, packing) in enumerate(batches):
+            src = drop_source_words(src, self.cfg.src_word_dropout)
             with self._no_sync(last=i == len(batches) - 1):
-                with autocast(self.device, self.cfg.precision):
-                    logits, target = self._logits(src, tgt_in, tgt_out, packing)
-                loss, nll, _ = label_smoothed_nll(logits, target, self.cfg.label_smoothing, packed=self.packed)
-                self.scaler.scale(loss * scale).backward()
+                objective, loss, nll = self._loss(src, tgt_in, tgt_out, packing)
+                self.scaler.scale(objective * scale).backward()
             sums += torch.stack([loss.detach(), nll]).double()
         return all_reduce_sum(sums)
+
+    def _loss(
+        self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, packing: Packings
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(objective to differentiate, label-smoothed loss sum, NLL sum) of one micro-batch.
+
+        With ``train.rdrop_alpha`` > 0 (R-Drop): two passes under different dropout masks; the loss
+        and NLL are the means of the two, the objective adds α × their symmetric KL
+        (`nmt.train.regularisers.symmetric_kl`). Otherwise one pass, objective = loss."""
+        eps, passes = self.cfg.label_smoothing, 2 if self.cfg.rdrop_alpha > 0 else 1
+        outs = []
+        for _ in range(passes):
+            with autocast(self.device, self.cfg.precision):
+                logits, target = self._logits(src, tgt_in, tgt_out, packing)
+            outs.append((logits, *label_smoothed_nll(logits, target, eps, packed=self.packed)[:2]))
+        if passes == 1:
+            return outs[0][1], outs[0][1], outs[0][2]
+        (a, loss_a, nll_a), (b, loss_b, nll_b) = outs
+        loss = (loss_a + loss_b) / 2
+        kl = symmetric_kl(a, b, target, packed=self.packed)
+        return loss + self.cfg.rdrop_alpha * kl, loss, (nll_a + nll_b) / 2
 
     def _logits(
         self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, packing: Packings
@@ -298,17 +328,27 @@ class Trainer:
     # ----------------------------------------------------------------- checkpoint state
 
     def state_dict(self) -> dict:
-        """What a checkpoint saves (pending updates are settled first)."""
+        """What a checkpoint saves (pending updates are settled first). With ``train.ema_decay``
+        also ``raw_weights``: the model's own weights, while the checkpoint's weights are the average."""
         self.flush()
+        raw = {"raw_weights": self.ema.raw_weights()} if self.ema is not None else {}
         return {
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
             "scheduler": {"schedule": self.cfg.schedule, "step": self.state.step},
             "train": self.state.to_dict(),
             "rng": rng_state(),
+            **raw,
         }
 
     def load_state_dict(self, d: dict, restore_rng: bool = True) -> None:
+        """Restore a checkpoint's trainer state into this trainer, whose model holds the checkpoint's
+        weights. Where the checkpoint kept ``raw_weights`` (an EMA run), those go back into the
+        model and the checkpoint's weights become the average (`nmt.train.ema`)."""
+        if "raw_weights" in d:
+            if self.ema is not None:
+                self.ema.restart_from_model()
+            unwrap(self.model).load_state_dict(d["raw_weights"])
         self.optimizer.load_state_dict(d["optimizer"])
         if d.get("scaler") and self.scaler.is_enabled():
             self.scaler.load_state_dict(d["scaler"])

@@ -18,6 +18,7 @@ joined by spaces, against the reference ids.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from collections.abc import Callable
@@ -167,7 +168,8 @@ def _ids_text(ids: Any) -> str:
 class EvalHook:
     """Validation + best model + step checkpoint for one training run.
 
-    Every `train.eval_every` updates (and once when training stops) rank 0 runs the `Validator`,
+    Every `train.eval_every` updates (and once when training stops) rank 0 runs the `Validator`
+    (on the moving average of the weights with ``train.ema_decay``, `nmt.train.ema`),
     writes `best.safetensors` when validation BLEU improved, logs the scores and three samples,
     and writes the step checkpoint (trainer state, then weights; see `nmt.run.weights`). The other
     ranks only record that the step was evaluated."""
@@ -189,17 +191,18 @@ class EvalHook:
         s.last_eval_step = s.step
         if self.validator is None:  # not rank 0
             return
-        result = self.validator.run(model)
-        if result["bleu"] > s.best_bleu:
-            s.best_bleu, s.best_step, s.bad_evals = result["bleu"], s.step, 0
-            ckpt.save_best(self.ckpt_dir, model, self.config, s.step, result["bleu"])
-        else:
-            s.bad_evals += 1
-        self.last = result
-        self._log(result, s.step, s.best_bleu, s.best_step)
-        tick()
-        state = {**trainer.state_dict(), "world_size": self.world_size}
-        ckpt.save_checkpoint(self.ckpt_dir, s.step, model, state, self.config, self.config.train.keep_last)
+        with trainer.ema.swapped() if trainer.ema is not None else contextlib.nullcontext():  # train.ema_decay
+            result = self.validator.run(model)
+            if result["bleu"] > s.best_bleu:
+                s.best_bleu, s.best_step, s.bad_evals = result["bleu"], s.step, 0
+                ckpt.save_best(self.ckpt_dir, model, self.config, s.step, result["bleu"])
+            else:
+                s.bad_evals += 1
+            self.last = result
+            self._log(result, s.step, s.best_bleu, s.best_step)
+            tick()
+            state = {**trainer.state_dict(), "world_size": self.world_size}
+            ckpt.save_checkpoint(self.ckpt_dir, s.step, model, state, self.config, self.config.train.keep_last)
 
     def _log(self, result: dict, step: int, best_bleu: float, best_step: int) -> None:
         values = {k: result[k] for k in ("loss", "ppl", "bleu", "chrf")}

@@ -28,6 +28,10 @@ def test_a_made_corpus_joins_source_pairs_and_keeps_the_eval_splits(mini_mirror,
     assert (again / "tatoeba-zh-en" / "train.jsonl").read_bytes() == (
         out / "tatoeba-zh-en" / "train.jsonl"
     ).read_bytes()
+    made = (out / "tatoeba-zh-en" / "train.jsonl").stat().st_mtime_ns
+    assert bench.make_corpus(500, mini_mirror, tmp_path / "m", seed=4) == out  # kept: not made again
+    assert (out / "tatoeba-zh-en" / "train.jsonl").stat().st_mtime_ns == made
+    assert not list((out / "tatoeba-zh-en").glob("*.partial"))
 
 
 def test_peak_memory_counts_a_child_processs_anonymous_memory():

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -213,7 +212,7 @@ def test_mirror_from_env_and_config(tmp_path, monkeypatch):
         prepare_corpus(config(), tmp_path / "r3")
 
 
-def test_hub_path_streams_with_datasets(tmp_path, monkeypatch):
+def test_hub_path_streams_with_datasets_when_the_files_are_not_parquet(tmp_path, monkeypatch):
     calls = []
 
     def load_dataset(name, cfg, split, streaming, **kw):
@@ -221,8 +220,14 @@ def test_hub_path_streams_with_datasets(tmp_path, monkeypatch):
         pairs = {"train": TRAIN, "validation": VALID, "test": TEST}[split]
         return iter([{"translation": {"zh": z, "en": e}} for z, e in pairs] + [{"translation": {"zh": "x"}}])
 
+    def load_dataset_builder(name, cfg, **kw):  # the splits' data files: JSON, not Parquet (hub_cache)
+        files = {s: [f"hf://datasets/{name}@{'a' * 40}/{cfg}/{s}.jsonl"] for s in ("train", "validation", "test")}
+        return types.SimpleNamespace(config=types.SimpleNamespace(data_files=files))
+
     monkeypatch.delenv("NMT_MIRROR", raising=False)
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf"))
+    fake = types.SimpleNamespace(load_dataset=load_dataset, load_dataset_builder=load_dataset_builder)
+    monkeypatch.setitem(sys.modules, "datasets", fake)
     monkeypatch.setattr("nmt.data.hub.check_reachable", lambda dataset: None)
     with pytest.warns(UserWarning, match="record missing 'en'"):
         stats = prepare_corpus(config(corpus="wmt17"), tmp_path / "run")
@@ -340,8 +345,9 @@ def test_second_call_is_skipped_and_changed_input_redone(tmp_path):
     root = mirror(tmp_path / "m")
     stats = prepare_corpus(config(), tmp_path / "run", mirror=str(root))
     stamp, train_zh = tmp_path / "run/download.stamp.json", tmp_path / "run/corpus/train.zh"
+    for p in (stamp, train_zh):  # back-dated: a rewrite would show, whatever the clock's resolution
+        os.utime(p, ns=(10**9, 10**9))
     mtimes = (stamp.stat().st_mtime_ns, train_zh.stat().st_mtime_ns)
-    time.sleep(0.01)
     assert prepare_corpus(config(), tmp_path / "run", mirror=str(root)) == stats
     assert (stamp.stat().st_mtime_ns, train_zh.stat().st_mtime_ns) == mtimes
     write_jsonl(root / "tatoeba-zh-en/train.jsonl", TRAIN[:2])
@@ -400,35 +406,26 @@ def hub_dev(n: int = 90) -> list[dict]:
     return rows
 
 
-def fake_tatoeba_hub(monkeypatch, calls: list, tables: dict[str, list[dict]]) -> None:
-    """`datasets.load_dataset` as it answers for the Parquet conversion of Helsinki-NLP/tatoeba_mt."""
+def fake_tatoeba_hub(monkeypatch, calls: list, tables: dict[str, list[dict]], cache: Path) -> None:
+    """The hub as it answers for the Parquet conversion of Helsinki-NLP/tatoeba_mt (tests/fake_hub.py:
+    `datasets` resolves the files, `huggingface_hub` downloads them into the cache at `cache`)."""
+    from fake_hub import FakeHub
 
-    import inspect
-
-    real = inspect.signature(__import__("datasets").load_dataset)
-
-    def load_dataset(path, name=None, *, split=None, streaming=False, revision=None, data_files=None, **kw):
-        real.bind(path, name, split=split, streaming=streaming, revision=revision, data_files=data_files, **kw)
-        calls.append({"path": path, "name": name, "split": split, "revision": revision, "data_files": data_files})
-        assert name is None and streaming and not kw and list(data_files) == [split]
-        config, hub_split, files = data_files[split].split("/")
-        found = path == "Helsinki-NLP/tatoeba_mt" and revision == "refs/convert/parquet"
-        if not (found and config == "eng-zho" and hub_split == split and files == "*.parquet" and split in tables):
-            raise FileNotFoundError(f"Unable to find 'hf://datasets/{path}@{revision}/{data_files[split]}'")
-        return (dict(row) for row in tables[split])
-
-    monkeypatch.delenv("NMT_MIRROR", raising=False)
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    monkeypatch.setattr("nmt.data.hub.check_reachable", lambda dataset: None)
+    tables = {("Helsinki-NLP/tatoeba_mt", "eng-zho", split): rows for split, rows in tables.items()}
+    hub = FakeHub(monkeypatch, cache, tables, files=1)
+    hub.resolved = calls  # each resolution: {"path", "name", "data_files", "revision"}
 
 
 def test_default_corpus_comes_from_the_tatoeba_parquet_conversion(tmp_path, monkeypatch):
     calls: list = []
-    fake_tatoeba_hub(monkeypatch, calls, {"test": HUB_TEST, "validation": hub_dev()})
+    fake_tatoeba_hub(monkeypatch, calls, {"test": HUB_TEST, "validation": hub_dev()}, tmp_path / "hf")
     stats = prepare_corpus(config(), tmp_path / "run")
     out = tmp_path / "run" / "corpus"
-    assert {c["split"] for c in calls} == {"validation", "test"}
-    assert all(c["data_files"] == {c["split"]: f"eng-zho/{c['split']}/*.parquet"} for c in calls)
+    assert sorted(next(iter(c["data_files"])) for c in calls) == ["test", "validation"]
+    assert all(c["data_files"] == {s: f"eng-zho/{s}/*.parquet"} for c in calls for s in c["data_files"])
+    assert {(c["path"], c["name"], c["revision"]) for c in calls} == {
+        ("Helsinki-NLP/tatoeba_mt", None, "refs/convert/parquet")
+    }
     mandarin = [r for r in HUB_TEST if r["targetlang"] in ("cmn_Hans", "cmn_Hant", "cmn")]  # file order kept
     assert lines(out / "test.zh") == [r["targetString"] for r in mandarin]
     assert lines(out / "test.en") == [r["sourceString"] for r in mandarin]
@@ -454,7 +451,7 @@ def test_hub_validation_sample_is_stable_and_about_one_in_eighteen():
 
 
 def test_missing_hub_files_fail_in_one_line_naming_the_dataset(tmp_path, monkeypatch):
-    fake_tatoeba_hub(monkeypatch, [], {"test": HUB_TEST})  # no validation folder
+    fake_tatoeba_hub(monkeypatch, [], {"test": HUB_TEST}, tmp_path / "hf")  # no validation folder
     with pytest.raises(NmtError) as err:
         prepare_corpus(config(), tmp_path / "run")
     msg = str(err.value)
@@ -786,8 +783,8 @@ def test_the_number_of_workers_is_not_part_of_the_stamp(tmp_path):
     root = mirror(tmp_path / "m")
     prepare_corpus(config(workers=1), tmp_path / "run", mirror=str(root))
     stamp = tmp_path / "run/download.stamp.json"
+    os.utime(stamp, ns=(10**9, 10**9))  # back-dated: a rewrite would show, whatever the clock's resolution
     before = stamp.stat().st_mtime_ns
-    time.sleep(0.01)
     prepare_corpus(config(workers=2), tmp_path / "run", mirror=str(root))
     assert stamp.stat().st_mtime_ns == before  # the same corpus: skipped
     prepare_corpus(config(workers=2, seed=9), tmp_path / "run", mirror=str(root))

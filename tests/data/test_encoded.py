@@ -120,9 +120,9 @@ from test_encoded import TextSide
 from nmt.data.encoded import encode_split
 seen = []
 
-def progress(lang, n):
+def progress(n):
     seen.append(n)
-    if len(seen) == 3:  # the third chunk of the first language: files half written
+    if len(seen) == 3:  # the third chunk: files half written
         os.kill(os.getpid(), signal.SIGKILL)
 
 sides = [TextSide("zh", Path({zh!r}), Path({zh_model!r})), TextSide("en", Path({en!r}), Path({en_model!r}))]
@@ -164,12 +164,18 @@ def test_encoding_runs_one_sentencepiece_thread_per_worker(tmp_path, models, mon
     assert calls and set(calls) == {1}
 
 
-def test_normalize_is_applied_before_encoding(tmp_path, models):
-    texts = sides(tmp_path, models, zh=["第1个句子。"], en=["SENTENCE NUMBER 1"])
-    texts[1] = TextSide("en", texts[1].text, models["en"], normalize=str.lower)
-    encode_split(tmp_path / "bin", "valid", texts, seed=1, shard_pairs=None)
+def _lower_target(src: str, tgt: str) -> tuple[str, str, bool]:
+    return src, tgt.lower(), tgt != tgt.lower()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_pairs_are_prepared_before_encoding_in_the_workers(tmp_path, models, workers):
+    texts = sides(tmp_path, models, zh=["第1个句子。", "第2个句子。"], en=["SENTENCE NUMBER 1", "sentence number 2"])
+    counts = encode_split(tmp_path / "bin", "valid", texts, 1, None, workers, chunk_lines=1, prepare=_lower_target)
     sp = spm.SentencePieceProcessor(model_file=str(models["en"]))
-    assert ParallelSplit.open(tmp_path, "valid", CONFIG).pair(0)[1].tolist() == sp.encode("sentence number 1")
+    split = ParallelSplit.open(tmp_path, "valid", CONFIG)
+    assert [split.pair(i)[1].tolist() for i in range(2)] == sp.encode(["sentence number 1", "sentence number 2"])
+    assert counts["changed_pairs"] == 1
 
 
 def test_a_vocabulary_over_65535_pieces_is_stored_as_uint32(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tiers import trains
 
 from nmt.config import PASSTHROUGH_KINDS, DataConfig, config_from_dict
 from nmt.data.normalize import normalize_source
@@ -191,6 +192,7 @@ def synthetic_pairs(n: int, seed: int) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
+@trains
 def synthetic_run(tmp_path_factory) -> Path:
     """A tiny model trained with pass-through on template pairs (about half a minute on one core)."""
     from nmt.config import load_config, save_config
@@ -215,6 +217,7 @@ def synthetic_run(tmp_path_factory) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_vocab_trains_and_encodes_masked_pairs_and_keeps_the_corpus_raw(synthetic_run):
     import json
 
@@ -238,6 +241,7 @@ def test_vocab_trains_and_encodes_masked_pairs_and_keeps_the_corpus_raw(syntheti
         assert src.decode(ids_src.tolist()) == expected[i][0].text and tgt.decode(ids_tgt.tolist()) == expected[i][1]
 
 
+@pytest.mark.slow
 def test_model_trained_with_passthrough_copies_an_unseen_word(synthetic_run):
     from typer.testing import CliRunner
 
@@ -253,3 +257,15 @@ def test_model_trained_with_passthrough_copies_an_unseen_word(synthetic_run):
     assert result.exit_code == 0, result.output
     love, went = result.stdout.splitlines()
     assert love == "I love AI." and "Beijing" in went and "2024" in went
+
+
+def test_a_source_without_spans_leaves_the_target_unscanned_and_unmasked(monkeypatch):
+    """The cheap path of `mask_pair` (most pairs): no source span, so nothing can be shared."""
+    scanned = []
+    find = Detector.find
+    monkeypatch.setattr(Detector, "find", lambda self, text: scanned.append(text) or find(self, text))
+    src, tgt = "他在家里看书。", "He reads Harry Potter at home in 2024."
+    masked, out = mask_pair(src, tgt, ALL)
+    assert (masked.text, masked.slots, out) == (src, [], tgt) and scanned == [src]
+    masked, out = mask_pair("他在2024年读书。", tgt, ALL)  # a shared number: both sides scanned and masked
+    assert masked.slots == ["2024"] and "2024" not in out and len(scanned) == 3

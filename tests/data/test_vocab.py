@@ -99,6 +99,20 @@ def test_both_models_share_the_special_ids(real_run):
     assert BOS_ID not in src.encode("我爱你。") and EOS_ID not in tgt.encode("I love you.")
 
 
+def test_the_report_times_each_step_and_prints_it(real_run, capsys):
+    from rich.console import Console
+
+    from nmt.data.vocab import print_report
+
+    cfg, run, report = real_run
+    assert list(report["seconds"]) == ["models", "encode"]
+    assert all(s > 0 for s in report["seconds"].values())
+    stamped = json.loads((run / "vocab.stamp.json").read_text(encoding="utf-8"))["report"]
+    assert stamped["seconds"] == report["seconds"]  # what scripts/bench_preprocess.py reads
+    print_report(report, ("zh", "en"), Console(file=None, force_terminal=False, width=120))
+    assert f"encode {report['seconds']['encode']:,.1f} s" in capsys.readouterr().out
+
+
 def test_zh_round_trips_after_normalisation(real_run):
     cfg, run, _ = real_run
     src, tgt = load_tokenizers(run, cfg)

@@ -52,6 +52,7 @@ def _agreement(a: list[str], b: list[str]) -> float:
 
 
 @pytest.mark.invariance
+@pytest.mark.slow
 def test_engines_agree_on_a_trained_model(trained_run):
     from nmt.decode.evaluate import score
 
@@ -69,6 +70,7 @@ def test_engines_agree_on_a_trained_model(trained_run):
         assert abs(bleu_a - bleu_b) <= 0.2, f"beam {beam}: BLEU {bleu_a:.2f} vs {bleu_b:.2f}"
 
 
+@pytest.mark.slow
 def test_sampling_maps_onto_ctranslate2s_options(trained_run):
     """top-k 1 is greedy in both engines; a seed reproduces CTranslate2's draws; a wide top-k samples."""
     from nmt.decode.options import Sampling
@@ -83,6 +85,7 @@ def test_sampling_maps_onto_ctranslate2s_options(trained_run):
     assert drawn != greedy and len(drawn) == len(src)
 
 
+@pytest.mark.slow
 def test_ctranslate2_sampling_is_reproducible_from_process_to_process(trained_run):
     """CTranslate2 seeds its generators when its threads first sample: two fresh processes with
     the same seed print the same samples (within one process, each call draws on)."""
@@ -94,6 +97,7 @@ def test_ctranslate2_sampling_is_reproducible_from_process_to_process(trained_ru
     assert first.stdout == second.stdout and len(first.stdout.splitlines()) == 12
 
 
+@pytest.mark.slow
 def test_nbest_lists_and_scores_match(trained_run):
     native = Translator.from_run(trained_run, precision="fp32")
     fast = Translator.from_run(trained_run, precision="fp32", engine="ctranslate2")
@@ -108,6 +112,7 @@ def test_nbest_lists_and_scores_match(trained_run):
                     assert score_b == pytest.approx(score_a, abs=0.02)
 
 
+@pytest.mark.slow
 def test_length_limit_matches_native(trained_run):
     """At max_len nmt closes beams with a forced EOS; the engine rescores CTranslate2's cut hypotheses."""
     native = Translator.from_run(trained_run, precision="fp32")
@@ -131,6 +136,7 @@ def test_length_limit_matches_native(trained_run):
 # --------------------------------------------------------------------------- export, manifest, cache
 
 
+@pytest.mark.slow
 def test_engine_cache_follows_the_checkpoint(trained_run, tmp_path):
     """The engine converts into <run>/export once; a changed checkpoint is converted again."""
     run = tmp_path / "run"
@@ -150,6 +156,7 @@ def test_engine_cache_follows_the_checkpoint(trained_run, tmp_path):
     assert json.loads((changed.model_dir / "manifest.json").read_text())["inputs"] != first
 
 
+@pytest.mark.slow
 def test_quantized_export_loads_and_decodes(trained_run, tmp_path):
     from nmt.decode.evaluate import score
 
@@ -192,6 +199,7 @@ def test_devices_are_named_without_torch(monkeypatch):
     assert ct2.ct2_device("auto") == ct2.Ct2Device("cuda", 0) and str(ct2.ct2_device("cuda:1")) == "cuda:1"
 
 
+@pytest.mark.slow
 def test_threads_follow_the_options_then_the_environment(trained_run, monkeypatch):
     out = ct2_model.export_run(ct2_model.ExportOptions(trained_run))
     decode = load_config(trained_run / "config.yaml").decode
@@ -201,6 +209,7 @@ def test_threads_follow_the_options_then_the_environment(trained_run, monkeypatc
 
 
 @pytest.mark.parametrize("engine", [["--engine", "ctranslate2"], []], ids=["ctranslate2", "default-auto"])
+@pytest.mark.slow
 def test_translate_with_ctranslate2_never_imports_torch(trained_run, engine):
     """`nmt translate --engine ctranslate2` (and the default `auto`) on a run with a fresh export: no
     PyTorch in the process (`python -X importtime` lists every module imported), the same output as in-process."""
@@ -217,6 +226,7 @@ def test_translate_with_ctranslate2_never_imports_torch(trained_run, engine):
     assert done.stdout.splitlines() == expected
 
 
+@pytest.mark.slow
 def test_auto_engine_is_ctranslate2_only_with_a_current_export(trained_run, tmp_path, monkeypatch):
     from nmt.decode.loading import resolve_engine
 
@@ -253,6 +263,7 @@ def _one_line_error(result, expected: str) -> None:
     assert len(lines) == 1 and expected in lines[0], result.stderr
 
 
+@pytest.mark.slow
 def test_cli_translate_with_both_engines(trained_run):
     line = _lines(trained_run, "valid.zh")[0]
     outputs = [
@@ -262,6 +273,7 @@ def test_cli_translate_with_both_engines(trained_run):
     assert outputs[0] == outputs[1] and outputs[0].strip()
 
 
+@pytest.mark.slow
 def test_translate_with_an_exported_directory(trained_run, tmp_path):
     """`--checkpoint DIR --engine ctranslate2` decodes with the export alone (its weights and vocabularies)."""
     out = ct2_model.export_run(ct2_model.ExportOptions(trained_run, output=tmp_path / "m"))
@@ -272,6 +284,7 @@ def test_translate_with_an_exported_directory(trained_run, tmp_path):
     _one_line_error(_invoke(*args, "--checkpoint", str(tmp_path)), "not an nmt export (no manifest.json)")
 
 
+@pytest.mark.slow
 def test_cli_eval_with_both_engines(trained_run):
     """`nmt eval --engine ctranslate2` writes its own report beside the native one; the BLEU agree."""
     reports = {}
@@ -284,6 +297,7 @@ def test_cli_eval_with_both_engines(trained_run):
     assert abs(reports["native"]["bleu"] - reports["ctranslate2"]["bleu"]) <= 0.2
 
 
+@pytest.mark.slow
 def test_cli_errors(trained_run, tmp_path, monkeypatch):
     run = str(trained_run)
     _one_line_error(_invoke("export", "--run", run, "--format", "onnx"), "--format 'onnx': expected one of ctranslate2")

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from learning import TEST_SEED, assert_learned
+from tiers import trains
 
 from nmt import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt.decode.search import Hypothesis, beam_search, greedy_search
@@ -256,6 +257,7 @@ def _reverse_batch(n: int, gen: torch.Generator, vocab: int = 20) -> tuple[torch
 
 
 @pytest.fixture(scope="module")
+@trains
 def trained_transformer():
     """A tiny Transformer trained briefly (a few seconds) to reverse its input: 400 updates, warm-up
     then cosine decay from 1e-2, so that it ends settled whatever the seed and kernels (at a constant
@@ -290,6 +292,7 @@ REAL_SOURCES = [[5, 9, 12], [7, 4, 4, 18, 6, 11], [13, 5], [8, 8, 9, 10, 15], [1
 
 
 @pytest.mark.invariance
+@pytest.mark.slow
 def test_beam_one_equals_greedy_on_transformer(trained_transformer):
     for model in (_tiny_transformer(seed=3).eval(), trained_transformer):
         src = batch(*REAL_SOURCES)
@@ -299,6 +302,7 @@ def test_beam_one_equals_greedy_on_transformer(trained_transformer):
 
 
 @pytest.mark.learning
+@pytest.mark.slow
 def test_trained_transformer_learned_the_task(trained_transformer):
     """Guards the next tests: on a model that did not learn, they would prove little. The figure:
     how many of 100 held-out sources it reverses exactly (greedy)."""
@@ -309,6 +313,7 @@ def test_trained_transformer_learned_the_task(trained_transformer):
 
 
 @pytest.mark.parametrize("len_penalty", [0.0, 1.0])
+@pytest.mark.slow
 def test_beam_scores_at_least_greedy(trained_transformer, len_penalty):
     """Beam search beats greedy in score, on the whole. Not sentence by sentence: a sentence stops
     once it holds `beam` finished hypotheses (fairseq's rule), so a longer, better greedy output
@@ -333,6 +338,7 @@ def test_beam_scores_at_least_greedy(trained_transformer, len_penalty):
 
 @pytest.mark.invariance
 @pytest.mark.parametrize("trained", [False, True])
+@pytest.mark.slow
 def test_transformer_batch_invariance(trained_transformer, trained):
     model = trained_transformer if trained else _tiny_transformer(seed=5).eval()
     together = batch(*REAL_SOURCES)
@@ -346,6 +352,7 @@ def test_transformer_batch_invariance(trained_transformer, trained):
 
 
 @pytest.mark.invariance
+@pytest.mark.slow
 def test_batch_invariance_with_encoder_length_groups(trained_transformer, monkeypatch):
     """A batch mixing long and short sources is encoded in length groups (`encode_by_length`);
     each sentence still decodes exactly as it does alone."""
@@ -370,6 +377,7 @@ TIE = 1e-3  # a score margin below this between the best two hypotheses is a tie
 
 @pytest.mark.invariance
 @pytest.mark.parametrize("trained", [False, True])
+@pytest.mark.slow
 def test_batch_invariance_across_the_step_kernel_switch(trained_transformer, trained, monkeypatch):
     """A batch of enough sentences that the beams' cross-attention runs the written-out kernel
     (`QUERY_BLOCKS_FOR_MATH` (sentence × head) blocks) decodes as each sentence alone, which runs
@@ -451,6 +459,7 @@ class Uncached:
 
 @pytest.mark.invariance
 @pytest.mark.parametrize("trained", [False, True])
+@pytest.mark.slow
 def test_cached_search_equals_the_plain_path(trained_transformer, trained):
     """The fast decoder (preallocated cache, beams sharing their sentence's source, in-place
     reorders, argmax of logits in greedy) finds exactly what full re-computation finds."""
@@ -467,6 +476,7 @@ def test_cached_search_equals_the_plain_path(trained_transformer, trained):
 
 @pytest.mark.invariance
 @pytest.mark.parametrize("batch", [1, 3, 16])
+@pytest.mark.slow
 def test_converted_fp32_search_equals_the_plain_path(trained_transformer, batch):
     """The decoding model as the native engine runs it in fp32 (packed linear layers, one-row
     matrix-vector products when a sentence is decoded alone, one fused attention call per step)
@@ -491,6 +501,7 @@ def test_converted_fp32_search_equals_the_plain_path(trained_transformer, batch)
 
 @pytest.mark.precision
 @pytest.mark.int8
+@pytest.mark.slow
 def test_decoding_precisions_on_the_trained_transformer(trained_transformer):
     """Packed fp32 finds exactly what the plain model finds; bf16 and int8 (weights converted
     once by the native engine) mostly agree with it and still solve the task."""
@@ -508,6 +519,7 @@ def test_decoding_precisions_on_the_trained_transformer(trained_transformer):
         assert sum(a == b for a, b in zip(found, beams, strict=True)) >= least, precision
 
 
+@pytest.mark.slow
 def test_on_done_reports_each_sentence_once_as_it_finishes(trained_transformer):
     heard: list[tuple[int, list]] = []
     src = batch(*REAL_SOURCES)

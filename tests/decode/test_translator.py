@@ -284,6 +284,7 @@ def test_from_run_in_every_precision(tiny_run_dir, precision):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.slow
 def test_the_engines_fast_decoder_translates_as_the_reference_step(tiny_run, precision):
     """Whole translations (n-best texts with their scores) through the engine's FastDecoder equal
     those of the reference step (`Transformer.decode_step`), greedy and beam, one sentence at a

@@ -34,7 +34,7 @@ needs_argos = pytest.mark.skipif(
 needs_minisbd = pytest.mark.skipif(
     find_spec("minisbd") is None, reason="minisbd (installed with argostranslate) is not installed"
 )
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 # Traditional, full-width and compatibility forms that nmt's normalisation changes (not: the 53
 # OpenCC phrases that keep a character its own rule changes, 乾隆 …; nmt/export/argos.py)

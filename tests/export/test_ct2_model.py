@@ -48,6 +48,7 @@ VARIANTS = [{}, {"norm": "post"}, {"positions": "learned"}, {"activation": "gelu
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) or "default")
+@pytest.mark.slow
 def test_converted_log_probs_equal_the_model(trained_run, tmp_path, variant):
     """Teacher-forced log-probabilities of CTranslate2's `score_batch` equal nmt's (random weights,
     perturbed so that biases and norms are not trivial), for each architecture option."""
@@ -86,6 +87,7 @@ def test_converted_log_probs_equal_the_model(trained_run, tmp_path, variant):
 # --------------------------------------------------------------------------- manifest and reuse
 
 
+@pytest.mark.slow
 def test_export_manifest_and_reuse(trained_run, tmp_path):
     from nmt.run.checkpoints import checkpoint_step, find_inference_checkpoint
 
@@ -134,6 +136,7 @@ def test_unknown_model_option_is_refused():
     ct2_spec.check_representable(ModelConfig())  # today's options all export
 
 
+@pytest.mark.slow
 def test_parameter_without_counterpart_is_refused(trained_run, tmp_path):
     from safetensors.torch import load_file
 
@@ -150,6 +153,7 @@ def test_parameter_without_counterpart_is_refused(trained_run, tmp_path):
     assert not (run / "export").exists() or not any((run / "export").iterdir()), "nothing half-written"
 
 
+@pytest.mark.slow
 def test_vocabulary_of_another_size_is_refused(trained_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("eval", "export"))
@@ -161,6 +165,7 @@ def test_vocabulary_of_another_size_is_refused(trained_run, tmp_path):
 # --------------------------------------------------------------------------- command line
 
 
+@pytest.mark.slow
 def test_cli_export(trained_run, tmp_path):
     result = CliRunner().invoke(
         app,

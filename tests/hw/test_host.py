@@ -161,6 +161,7 @@ def reference(tiny_run) -> list[str]:
 
 
 @pytest.mark.parametrize("preset", SIMULATED)
+@pytest.mark.slow
 def test_translate_on_simulated_hosts(tiny_run, reference, monkeypatch, preset, failing_bf16_packing):
     from nmt.decode.translator import Translator
 
@@ -174,6 +175,7 @@ def test_translate_on_simulated_hosts(tiny_run, reference, monkeypatch, preset, 
 
 
 @pytest.mark.parametrize("preset", [*SIMULATED, "int8-weight", "int8-fbgemm,int8-qnnpack,int8-onednn"])
+@pytest.mark.slow
 def test_one_sentence_at_a_time_on_simulated_hosts(tiny_run, reference, monkeypatch, preset, failing_bf16_packing):
     """Tuned for one sentence at a time (one-row steps: matrix-vector products where layers are
     packed, FastDecoder, the weight-only int8 kernel where the host has it) on hosts without some
@@ -213,6 +215,7 @@ def test_training_on_simulated_hosts_logs_mfu_and_settles_every_update(
 
 
 @pytest.mark.parametrize("preset", SIMULATED)
+@pytest.mark.slow
 def test_cli_translate_and_eval_on_simulated_hosts(tiny_run, monkeypatch, preset, failing_bf16_packing):
     from nmt.cli import app
 
@@ -225,6 +228,7 @@ def test_cli_translate_and_eval_on_simulated_hosts(tiny_run, monkeypatch, preset
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_precision_the_host_cannot_run_in_one_line(tiny_run, monkeypatch):
     from nmt.cli import app
 
@@ -236,6 +240,7 @@ def test_cli_refuses_a_precision_the_host_cannot_run_in_one_line(tiny_run, monke
     assert result.stderr.startswith("error: --precision bf16: this CPU") and result.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_pipeline_stages_after_training_on_a_failing_host(tiny_run, mini_mirror, tmp_path, failing_bf16_packing):
     """select and eval again (their stamps removed) where bf16 packing raises: the pipeline finishes."""
     from nmt.config import load_config
@@ -250,6 +255,7 @@ def test_pipeline_stages_after_training_on_a_failing_host(tiny_run, mini_mirror,
     assert result["eval"]["bleu"] >= 0
 
 
+@pytest.mark.slow
 def test_a_failing_stage_after_training_keeps_the_run_and_names_the_command(
     tiny_run, mini_mirror, tmp_path, monkeypatch
 ):  # noqa: E501
@@ -274,6 +280,7 @@ def test_a_failing_stage_after_training_keeps_the_run_and_names_the_command(
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before  # the trained run is untouched
 
 
+@pytest.mark.slow
 def test_serve_on_a_simulated_host_without_packing(tiny_run, monkeypatch):
     from serving import request, start_server, stop
 

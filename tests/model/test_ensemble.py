@@ -84,6 +84,7 @@ def test_ensembles_need_the_native_engine(tmp_path):
         Translator.from_run(tmp_path, ensemble=(tmp_path / "x.safetensors",), engine="ctranslate2")
 
 
+@pytest.mark.slow
 def test_cli_ensemble_equals_the_model_alone_and_refuses_another_vocabulary(tiny_run, tmp_path):
     from typer.testing import CliRunner
 
@@ -108,6 +109,7 @@ def test_cli_ensemble_equals_the_model_alone_and_refuses_another_vocabulary(tiny
     assert bad.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_serve_decodes_an_ensemble(tiny_run):
     from serving import request, start_server, stop
 

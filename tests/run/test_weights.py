@@ -174,6 +174,7 @@ def test_average_last_with_fewer_kept_says_how_many(tmp_path, model, tiny_config
     assert "asked for" not in ckpt.average_last(tmp_path, 2).message()
 
 
+@pytest.mark.slow
 def test_translate_loads_what_the_newest_training_made(tiny_run, mini_mirror, tmp_path):
     """The issue's scenario: pipeline, then `nmt train --set train.max_steps=...` on the same run."""
     import shutil

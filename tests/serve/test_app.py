@@ -30,7 +30,7 @@ from nmt.serve.app import ServeLimits, Service, auto_workers, create_app  # noqa
 from nmt.serve.batcher import BatchLimits, Decoding  # noqa: E402
 from nmt.serve.workers import ChildWorker, InProcessWorker, ModelWorkers  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 ROOT = Path(__file__).resolve().parents[2]
 SENTENCES = [
     "他们买了七只红色的猫。",

@@ -77,6 +77,7 @@ def test_a_model_without_cross_attention_is_a_clear_error():
         cross_attention_modules(nn.Sequential(nn.Linear(2, 2)))
 
 
+@pytest.mark.slow
 def test_attention_map_of_a_trained_run(tiny_run):
     from nmt.decode.options import InferenceOptions
     from nmt.decode.translator import Translator
@@ -100,6 +101,7 @@ def test_attention_map_of_a_trained_run(tiny_run):
     assert torch.allclose(torch.tensor(half.weights), torch.tensor(amap.weights), atol=0.05)
 
 
+@pytest.mark.slow
 def test_a_ctranslate2_translator_shows_the_map_of_its_checkpoint(tiny_run):
     """CTranslate2 holds no PyTorch model: the map is read from the checkpoint it decodes, loaded once."""
     pytest.importorskip("ctranslate2")
@@ -122,6 +124,7 @@ def test_a_ctranslate2_translator_shows_the_map_of_its_checkpoint(tiny_run):
         reading_model(ct2)
 
 
+@pytest.mark.slow
 def test_a_placeholder_column_is_labelled_with_the_span_it_stands_for(tiny_run):
     """The page's fonts cannot draw ⦅0⦆: its column shows the pass-through span instead."""
     from nmt.data.passthrough import PLACEHOLDERS

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -13,14 +14,17 @@ from nmt.serve.workers import ModelWorkers
 
 
 class FakeModel:
-    """Upper-cases lines; records every call; fails on lines containing 'boom'; can block on a gate."""
+    """Upper-cases lines; records every call; fails on lines containing 'boom'. `gated`: every call
+    waits at `gate` until the test sets it (it is running, and recorded in `calls`, meanwhile)."""
 
-    def __init__(self, delay: float = 0.0) -> None:
+    def __init__(self, gated: bool = False) -> None:
         self.calls: list[tuple[list[str], Decoding]] = []
         self.threads: set[str] = set()
-        self.delay = delay
         self.running = self.most_at_once = 0
         self._lock = threading.Lock()
+        self.gate = threading.Event()
+        if not gated:
+            self.gate.set()
 
     def __call__(self, lines: list[str], settings: Decoding, on_line=None) -> list[list[tuple[str, float | None]]]:
         with self._lock:
@@ -28,7 +32,7 @@ class FakeModel:
             self.threads.add(threading.current_thread().name)
             self.running += 1
             self.most_at_once = max(self.most_at_once, self.running)
-        time.sleep(self.delay)
+        assert self.gate.wait(5), "the test never opened the gate"
         with self._lock:
             self.running -= 1
         if any("boom" in line for line in lines):
@@ -53,6 +57,14 @@ def batcher_for(decode, limits: BatchLimits) -> Batcher:
 
 def run(coro):
     return asyncio.run(coro)
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Let the event loop run until `condition()` holds; fail if it does not within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the awaited state never came"
+        await asyncio.sleep(0.001)
 
 
 async def _with_batcher(model, limits, body):
@@ -80,10 +92,13 @@ def test_concurrent_requests_share_one_call_and_get_their_own_results_in_order()
 
 
 def test_two_workers_split_the_waiting_requests_and_decode_them_at_once():
-    model = FakeModel(delay=0.2)
+    model = FakeModel(gated=True)
 
     async def body(b):
-        return await asyncio.gather(*(b.translate([f"w{i}"], Decoding(beam=1)) for i in range(8)))
+        jobs = asyncio.gather(*(b.translate([f"w{i}"], Decoding(beam=1)) for i in range(8)))
+        await until(lambda: model.running == 2)  # both workers are inside a call at once
+        model.gate.set()
+        return await jobs
 
     results = run(_with_batcher(model, BatchLimits(max_wait_ms=50, max_batch=64, workers=2), body))
     assert [r[0][0][0] for r in results] == [f"W{i}!" for i in range(8)]
@@ -157,12 +172,14 @@ def test_a_failing_request_fails_alone():
 
 
 def test_requests_arriving_while_decoding_form_the_next_batch_without_waiting():
-    model = FakeModel(delay=0.2)
+    model = FakeModel(gated=True)
 
     async def body(b):
         first = asyncio.ensure_future(b.translate(["a"], Decoding(beam=1)))
-        await asyncio.sleep(0.05)  # the first call is now running
-        rest = [b.translate([f"b{i}"], Decoding(beam=1)) for i in range(5)]
+        await until(lambda: model.running == 1)  # the first call is now running
+        rest = [asyncio.ensure_future(b.translate([f"b{i}"], Decoding(beam=1))) for i in range(5)]
+        await until(lambda: b.outstanding == 6)  # all five queued behind it
+        model.gate.set()
         return await asyncio.gather(first, *rest)
 
     results = run(_with_batcher(model, BatchLimits(max_wait_ms=1, max_batch=64), body))
@@ -171,15 +188,16 @@ def test_requests_arriving_while_decoding_form_the_next_batch_without_waiting():
 
 
 def test_a_cancelled_request_is_skipped_and_the_others_answered():
-    model = FakeModel(delay=0.1)
+    model = FakeModel(gated=True)
 
     async def body(b):
         first = asyncio.ensure_future(b.translate(["first"], Decoding(beam=1)))
-        await asyncio.sleep(0.02)
+        await until(lambda: model.running == 1)  # the first call is running
         gone = asyncio.ensure_future(b.translate(["gone"], Decoding(beam=1)))
         kept = asyncio.ensure_future(b.translate(["kept"], Decoding(beam=1)))
-        await asyncio.sleep(0.01)
+        await until(lambda: b.outstanding == 3)  # both queued behind it
         gone.cancel()
+        model.gate.set()
         return await asyncio.gather(first, kept)
 
     first, kept = run(_with_batcher(model, BatchLimits(max_wait_ms=1), body))
@@ -188,13 +206,14 @@ def test_a_cancelled_request_is_skipped_and_the_others_answered():
 
 
 def test_close_finishes_queued_requests():
-    model = FakeModel(delay=0.05)
+    model = FakeModel(gated=True)
 
     async def body():
         b = batcher_for(model, BatchLimits(max_wait_ms=0, max_batch=1))
         b.start()
         jobs = [asyncio.ensure_future(b.translate([f"q{i}"], Decoding(beam=1))) for i in range(4)]
-        await asyncio.sleep(0)
+        await until(lambda: b.outstanding == 4 and model.running == 1)  # one decoding, three queued
+        model.gate.set()
         await b.close()
         return [j.result() for j in jobs]
 

@@ -13,7 +13,7 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="the browser test n
 
 from serving import ROOT, request, start_server, stop  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if Path(p).exists()), None)
 ARTIFACTS = ROOT / "test-artifacts"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -34,6 +34,7 @@ def _log_series(run: Path, head: str, key: str) -> dict[int, float]:
     return out
 
 
+@pytest.mark.slow
 def test_curves_are_what_training_logged(run):
     curves = read_curves(run)
     logged = _log_series(run, "step", "loss")
@@ -59,6 +60,7 @@ def test_a_run_without_logs_has_no_curves_and_plot_says_so(tmp_path):
         plot_run(tmp_path / "missing")
 
 
+@pytest.mark.slow
 def test_eval_reports_are_read_and_summarised(run, tmp_path):
     reports = read_eval_reports(run)
     test = next(r for r in reports if r["name"] == "test")
@@ -71,6 +73,7 @@ def test_eval_reports_are_read_and_summarised(run, tmp_path):
     assert read_eval_reports(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_nmt_plot_writes_one_png_per_curve(run, tmp_path):
     result = CliRunner().invoke(app, ["plot", "--run", str(run), "--output", str(tmp_path / "plots")])
     assert result.exit_code == 0, result.output
@@ -83,6 +86,7 @@ def test_nmt_plot_writes_one_png_per_curve(run, tmp_path):
     assert f"wrote {tmp_path / 'plots' / 'curves.png'}" in result.output
 
 
+@pytest.mark.slow
 def test_translate_attention_writes_a_heatmap_per_sentence(run, tmp_path):
     lines = ["他们买了七只红色的猫。", "", "我们九点见。"]
     src = tmp_path / "in.zh"
@@ -99,6 +103,7 @@ def test_translate_attention_writes_a_heatmap_per_sentence(run, tmp_path):
     assert "wrote 2 heatmaps" in result.output
 
 
+@pytest.mark.slow
 def test_translate_attention_reads_stdin_and_refuses_nbest(run, tmp_path):
     args = ["translate", "--run", str(run), "--precision", "fp32", "--attention", str(tmp_path / "maps")]
     result = CliRunner().invoke(app, args, input="我们九点见。\n".encode() + b"\xff\n")

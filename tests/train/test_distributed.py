@@ -13,6 +13,7 @@ from nmt.errors import NmtError
 from nmt.run import weights as ckpt
 from nmt.train import distributed as dist
 
+pytestmark = pytest.mark.slow  # torchrun starts processes that train
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 

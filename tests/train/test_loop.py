@@ -38,7 +38,7 @@ def train_data(n: int = 120) -> SimpleNamespace:
     """What `_Feed` needs of `TrainData`: the dataset and its sampler (a dozen or more batches)."""
     dataset = Pairs(n)
     sampler = TokenBatchSampler(dataset.src_lengths, dataset.tgt_lengths, max_tokens=60, max_len=20, seed=3)
-    return SimpleNamespace(dataset=dataset, sampler=sampler)
+    return SimpleNamespace(dataset=dataset, sampler=sampler, subwords=None)
 
 
 def feed_run(data, state: TrainState, groups: int, k: int) -> list[tuple[list, tuple[int, int]]]:
@@ -111,8 +111,10 @@ def test_prefetcher_keeps_order_and_bounds_the_queue():
 
     p = Prefetcher(source(), depth=2)
     try:
-        time.sleep(0.2)
-        assert len(made) <= 3  # two queued, one waiting to be
+        deadline = time.monotonic() + 10
+        while not (p._queue.full() and len(made) == 3):  # two queued, the third made: the thread waits
+            assert len(made) <= 3 and time.monotonic() < deadline, made
+            time.sleep(0.01)
         assert [next(p) for _ in range(20)] == list(range(20))
         with pytest.raises(StopIteration):
             next(p)

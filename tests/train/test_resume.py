@@ -73,6 +73,7 @@ def fine_tune_run(tiny_run, mini_mirror, tmp_path_factory) -> tuple[Path, object
     return run, config
 
 
+@pytest.mark.slow
 def test_fine_tuning_copies_the_vocabularies_and_starts_from_the_weights(tiny_run, fine_tune_run):
     from safetensors.torch import load_file
 
@@ -91,6 +92,7 @@ def test_fine_tuning_copies_the_vocabularies_and_starts_from_the_weights(tiny_ru
             assert torch.equal(tensor, source[name]), name  # step 0 is the source checkpoint, exactly
 
 
+@pytest.mark.slow
 def test_fine_tuning_trains_with_a_fresh_step_count(fine_tune_run):
     from nmt.train.loop import fit
 
@@ -101,6 +103,7 @@ def test_fine_tuning_trains_with_a_fresh_step_count(fine_tune_run):
     assert f"initialised from {config.train.init_from}" in (run / "train.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_run_whose_vocabulary_is_not_the_sources_is_refused(fine_tune_run, tmp_path):
     import shutil
 
@@ -117,6 +120,7 @@ def test_a_run_whose_vocabulary_is_not_the_sources_is_refused(fine_tune_run, tmp
     assert "run `nmt vocab`" in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_cli_init_from_a_checkpoint_of_another_shape_is_one_line(fine_tune_run, tmp_path):
     import shutil
 

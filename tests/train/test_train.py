@@ -1,6 +1,11 @@
+"""Training end to end on synthetic tasks and a real corpus (nmt/train/loop.py `fit`): a copy task
+learned in fp32 and bf16, bit-exact resume (after a stop, a partial checkpoint or a SIGKILL), batches
+built ahead, read-backs, the stopping rules in a run. Every test trains a model: the slow tier. The
+objective, schedules, a single update and the stopping rules on their own: test_objective.py,
+test_update.py, test_stopping.py."""
+
 from __future__ import annotations
 
-import math
 import os
 import signal
 import subprocess
@@ -11,20 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from learning import TEST_SEED, assert_learned
-from torch import nn
 
-from nmt import PAD_ID
 from nmt.config import Config, load_config
-from nmt.errors import NmtError
 from nmt.run import weights as ckpt
 from nmt.run.log import read_curves
 from nmt.train import loop, stopping
 from nmt.train.loop import fit
-from nmt.train.objective import label_smoothed_nll, learning_rate, lr_factor
-from nmt.train.stopping import check_stopping
 from nmt.train.update import StepResult, Trainer
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -80,156 +81,6 @@ class Collect:
     @property
     def losses(self) -> list[float]:
         return [r.loss for r in self.results if not r.skipped]
-
-
-# --------------------------------------------------------------------------- objective
-
-
-def test_label_smoothing_matches_cross_entropy_and_ignores_pad():
-    torch.manual_seed(0)
-    logits = torch.randn(3, 5, 11)
-    target = torch.randint(4, 11, (3, 5))
-    target[0, 3:] = PAD_ID
-    target[2, 1:] = PAD_ID
-    for eps in (0.0, 0.1, 0.3):
-        loss, nll, n = label_smoothed_nll(logits, target, eps)
-        ref = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=PAD_ID, label_smoothing=eps,
-                              reduction="sum")  # fmt: skip
-        assert n == int((target != PAD_ID).sum()) == 9
-        torch.testing.assert_close(loss, ref)
-        plain = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=PAD_ID, reduction="sum")
-        torch.testing.assert_close(nll, plain)
-
-
-def test_label_smoothing_gradient_matches_cross_entropy_padded_and_packed():
-    torch.manual_seed(1)
-    logits = torch.randn(4, 6, 13)
-    target = torch.randint(4, 13, (4, 6))
-    target[1, 2:] = PAD_ID
-    target[3, 5:] = PAD_ID
-    keep = target != PAD_ID
-    ref_in = logits.clone().requires_grad_()
-    F.cross_entropy(ref_in.flatten(0, 1), target.flatten(), ignore_index=PAD_ID, label_smoothing=0.1,
-                    reduction="sum").backward()  # fmt: skip
-    padded_in = logits.clone().requires_grad_()
-    label_smoothed_nll(padded_in, target, 0.1)[0].backward()
-    packed_in = logits[keep].clone().requires_grad_()  # (N, V), what the trainer passes for a Transformer
-    loss, nll, n = label_smoothed_nll(packed_in, target[keep], 0.1)
-    (2.0 * loss).backward()
-    assert n == int(keep.sum()) and not nll.requires_grad
-    torch.testing.assert_close(padded_in.grad, ref_in.grad)
-    torch.testing.assert_close(packed_in.grad, 2.0 * ref_in.grad[keep])
-
-
-def test_label_smoothing_by_hand():
-    # one position, V = 4, logits log([0.1, 0.2, 0.3, 0.4]) → p exactly those; target id 3 (p = 0.4)
-    p = torch.tensor([0.1, 0.2, 0.3, 0.4])
-    loss, nll, n = label_smoothed_nll(p.log().view(1, 1, 4), torch.tensor([[3]]), 0.2)
-    by_hand = 0.8 * -math.log(0.4) + 0.2 * -(math.log(0.1) + math.log(0.2) + math.log(0.3) + math.log(0.4)) / 4
-    assert n == 1
-    assert loss.item() == pytest.approx(by_hand, rel=1e-6)
-    assert nll.item() == pytest.approx(-math.log(0.4), rel=1e-6)
-
-
-def test_inverse_sqrt_schedule_values():
-    cfg = load_config(TINY, ["train.lr=0.002", "train.warmup=100", "train.schedule=inverse_sqrt"]).train
-    assert learning_rate(1, cfg) == pytest.approx(0.002 / 100)
-    assert learning_rate(50, cfg) == pytest.approx(0.001)
-    assert learning_rate(100, cfg) == pytest.approx(0.002)  # peak
-    assert learning_rate(400, cfg) == pytest.approx(0.001)  # 0.002 * sqrt(100/400)
-    assert learning_rate(10_000, cfg) == pytest.approx(0.0002)
-
-
-def test_cosine_schedule_values():
-    over = ["train.lr=0.001", "train.min_lr=0.0001", "train.warmup=10", "train.schedule=cosine", "train.max_steps=110"]
-    cfg = load_config(TINY, over).train
-    assert learning_rate(5, cfg) == pytest.approx(0.0005)
-    assert learning_rate(10, cfg) == pytest.approx(0.001)
-    assert learning_rate(60, cfg) == pytest.approx(0.0001 + 0.0009 * 0.5)  # half-way: cos(pi/2) = 0
-    assert learning_rate(110, cfg) == pytest.approx(0.0001)
-    assert learning_rate(500, cfg) == pytest.approx(0.0001)
-    with pytest.raises(NmtError, match="cosine"):
-        lr_factor(5, load_config(TINY, ["train.schedule=cosine", "train.max_steps=0"]).train)
-
-
-def test_no_stopping_rule_is_an_error():
-    with pytest.raises(NmtError, match="stopping rule"):
-        check_stopping(load_config(TINY, ["train.max_steps=0"]))
-    assert check_stopping(load_config(TINY, ["train.max_time=2m"])) == 120.0
-
-
-# --------------------------------------------------------------------------- trainer
-
-
-class Toy(nn.Module):
-    """Embedding + linear; returns NaN logits while `poison` is set."""
-
-    def __init__(self, vocab: int = 12) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(vocab, 8)
-        self.out = nn.Linear(8, vocab)
-        self.poison = False
-
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        h = self.emb(tgt_in) + self.emb(src).mean(dim=1, keepdim=True)
-        logits = self.out(h)
-        return logits * float("nan") if self.poison else logits
-
-
-def toy_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    src = torch.tensor([[5, 6, 3], [7, 3, 0]])
-    tgt_in = torch.tensor([[2, 8, 9], [2, 10, 0]])
-    tgt_out = torch.tensor([[8, 9, 3], [10, 3, 0]])
-    return src, tgt_in, tgt_out
-
-
-def test_nonfinite_loss_is_skipped_counted_and_aborts():
-    cfg = load_config(TINY, ["train.max_nonfinite=3"]).train
-    model = Toy()
-    trainer = Trainer(model, cfg, torch.device("cpu"))
-    assert not trainer.update([toy_batch()]).skipped
-    assert trainer.state.step == 1
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    model.poison = True
-    for i in (1, 2):
-        r = trainer.update([toy_batch()])
-        assert r.skipped and trainer.state.nonfinite_run == i
-    assert trainer.state.step == 1
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # no update applied
-    model.poison = False
-    assert not trainer.update([toy_batch()]).skipped
-    assert trainer.state.nonfinite_run == 0 and trainer.state.nonfinite_total == 2
-    model.poison = True
-    trainer.update([toy_batch()])
-    trainer.update([toy_batch()])
-    with pytest.raises(NmtError, match="3 non-finite losses in a row"):
-        trainer.update([toy_batch()])
-
-
-def test_accumulation_equals_one_big_batch():
-    """update_freq micro-batches = one batch holding them all (loss normalised per token)."""
-    cfg = load_config(TINY, ["train.label_smoothing=0.1", "train.clip_norm=0"]).train
-    torch.manual_seed(3)
-    a = Toy()
-    b = Toy()
-    b.load_state_dict(a.state_dict())
-    src, tgt_in, tgt_out = toy_batch()
-    ra = Trainer(a, cfg, torch.device("cpu")).update(
-        [(src[:1], tgt_in[:1], tgt_out[:1]), (src[1:], tgt_in[1:], tgt_out[1:])]
-    )
-    rb = Trainer(b, cfg, torch.device("cpu")).update([(src, tgt_in, tgt_out)])
-    assert ra.tokens == rb.tokens == 5
-    assert ra.loss == pytest.approx(rb.loss, rel=1e-6)
-    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
-        torch.testing.assert_close(pa, pb, msg=name)
-
-
-def test_clipping_bounds_the_update():
-    cfg = load_config(TINY, ["train.clip_norm=0.001", "train.lr=1.0", "train.warmup=1"]).train
-    trainer = Trainer(Toy(), cfg, torch.device("cpu"))
-    r = trainer.update([toy_batch()])
-    assert r.grad_norm > 0.001  # the reported norm is the one before clipping
-    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1.0)
 
 
 # --------------------------------------------------------------------------- end to end (synthetic)

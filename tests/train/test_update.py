@@ -1,16 +1,21 @@
-"""`Trainer.update` reads nothing back from the device; `Trainer.flush` settles (nmt/train/update.py)."""
+"""`Trainer.update` reads nothing back from the device; `Trainer.flush` settles (nmt/train/update.py).
+And what an update does: non-finite losses skipped and counted, accumulation, clipping."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from nmt.config import TrainConfig
+from nmt.config import TrainConfig, load_config
 from nmt.data.batching import Batch, collate
+from nmt.errors import NmtError
 from nmt.train.update import Trainer, host_counts
 
+TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy")
 
 
@@ -133,3 +138,74 @@ def test_a_checkpoint_settles_first():
     result = trainer.update(batches(6))
     state = trainer.state_dict()
     assert result.settled is not None and state["train"]["step"] == 1 and state["train"]["tokens"] == result.tokens
+
+
+class Toy(nn.Module):
+    """Embedding + linear that does not pack its logits (the pad-mask path); NaN logits while `poison` is set."""
+
+    def __init__(self, vocab: int = 12) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, 8)
+        self.out = nn.Linear(8, vocab)
+        self.poison = False
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        h = self.emb(tgt_in) + self.emb(src).mean(dim=1, keepdim=True)
+        logits = self.out(h)
+        return logits * float("nan") if self.poison else logits
+
+
+def toy_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    src = torch.tensor([[5, 6, 3], [7, 3, 0]])
+    tgt_in = torch.tensor([[2, 8, 9], [2, 10, 0]])
+    tgt_out = torch.tensor([[8, 9, 3], [10, 3, 0]])
+    return src, tgt_in, tgt_out
+
+
+def test_nonfinite_loss_is_skipped_counted_and_aborts():
+    cfg = load_config(TINY, ["train.max_nonfinite=3"]).train
+    model = Toy()
+    trainer = Trainer(model, cfg, torch.device("cpu"))
+    assert not trainer.update([toy_batch()]).skipped
+    assert trainer.state.step == 1
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.poison = True
+    for i in (1, 2):
+        r = trainer.update([toy_batch()])
+        assert r.skipped and trainer.state.nonfinite_run == i
+    assert trainer.state.step == 1
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # no update applied
+    model.poison = False
+    assert not trainer.update([toy_batch()]).skipped
+    assert trainer.state.nonfinite_run == 0 and trainer.state.nonfinite_total == 2
+    model.poison = True
+    trainer.update([toy_batch()])
+    trainer.update([toy_batch()])
+    with pytest.raises(NmtError, match="3 non-finite losses in a row"):
+        trainer.update([toy_batch()])
+
+
+def test_accumulation_equals_one_big_batch():
+    """update_freq micro-batches = one batch holding them all (loss normalised per token)."""
+    cfg = load_config(TINY, ["train.label_smoothing=0.1", "train.clip_norm=0"]).train
+    torch.manual_seed(3)
+    a = Toy()
+    b = Toy()
+    b.load_state_dict(a.state_dict())
+    src, tgt_in, tgt_out = toy_batch()
+    ra = Trainer(a, cfg, torch.device("cpu")).update(
+        [(src[:1], tgt_in[:1], tgt_out[:1]), (src[1:], tgt_in[1:], tgt_out[1:])]
+    )
+    rb = Trainer(b, cfg, torch.device("cpu")).update([(src, tgt_in, tgt_out)])
+    assert ra.tokens == rb.tokens == 5
+    assert ra.loss == pytest.approx(rb.loss, rel=1e-6)
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, msg=name)
+
+
+def test_clipping_bounds_the_update():
+    cfg = load_config(TINY, ["train.clip_norm=0.001", "train.lr=1.0", "train.warmup=1"]).train
+    trainer = Trainer(Toy(), cfg, torch.device("cpu"))
+    r = trainer.update([toy_batch()])
+    assert r.grad_norm > 0.001  # the reported norm is the one before clipping
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1.0)

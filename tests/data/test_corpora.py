@@ -1,0 +1,200 @@
+"""nmt.data.corpora: several training corpora in one config (`data.corpora`), each with a weight;
+dedup and the overlap guard across them; the same bytes on any number of workers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from synthetic import pairs, write_plain
+
+from nmt.config import DataConfig, config_from_dict, config_to_yaml
+from nmt.data import units
+from nmt.data.corpus import prepare_corpus
+from nmt.data.normalize import normalize_source
+from nmt.errors import ConfigError, NmtError
+
+ALL = pairs(440, seed=11)  # distinct English throughout
+MAIN, MINE, VALID, TEST = ALL[:300], ALL[300:420], ALL[420:430], ALL[430:]
+SHARED = MAIN[:5]  # pairs in both corpora: kept in the first, duplicates in the second
+IN_VALID = MINE[:2]  # pairs of the second corpus that are validation pairs: dropped by the overlap guard
+
+
+def jsonl(path: Path, rows) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "".join(json.dumps({"translation": {"zh": z, "en": e}}, ensure_ascii=False) + "\n" for z, e in rows),
+        encoding="utf-8",
+    )
+
+
+@pytest.fixture
+def inputs(tmp_path) -> tuple[Path, Path]:
+    """A mirror with wmt19 (train, validation, test) and a folder of my own plain files."""
+    folder = tmp_path / "m" / "wmt19-zh-en"
+    jsonl(folder / "train.jsonl", MAIN)
+    jsonl(folder / "validation.jsonl", VALID + IN_VALID)
+    jsonl(folder / "test.jsonl", TEST)
+    write_plain(tmp_path / "mine", "train", MINE + SHARED)
+    return tmp_path / "m", tmp_path / "mine"
+
+
+def prepare(tmp_path: Path, name: str, mirror: Path, corpora: list, **data) -> dict:
+    raw = {"name": "t", "data": {"corpus": "wmt19", "workers": 1, "corpora": corpora, **data}}
+    return prepare_corpus(config_from_dict(raw), tmp_path / name, mirror=str(mirror))
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def test_weights_repeat_each_corpus_exactly_and_the_report_counts_each(tmp_path, inputs):
+    mirror, mine = inputs
+    stats = prepare(tmp_path, "run", mirror, [{"corpus": "wmt19"}, {"path": str(mine), "weight": 3}])
+    first, second = stats["train"]["corpora"]
+    assert (first["corpus"], first["weight"], first["kept"]) == ("wmt19", 1, len(MAIN))
+    assert second["dropped"]["duplicate"] == len(SHARED) and second["dropped"]["overlap"] == len(IN_VALID)
+    assert second["kept"] == len(MINE) - len(IN_VALID) and second["pairs"] == 3 * second["kept"]
+    zh = lines(tmp_path / "run/corpus/train.zh")
+    assert len(zh) == stats["train"]["pairs"] == len(MAIN) + 3 * second["kept"]
+    cleaned = [normalize_source(z, DataConfig()) for z, _ in MAIN + MINE]
+    assert zh[: len(MAIN)] == cleaned[: len(MAIN)]  # corpus order, then each pair of mine three times in a row
+    assert zh[len(MAIN) : len(MAIN) + 3] == [cleaned[len(MAIN) + 2]] * 3
+    assert stats["train"]["read"] == stats["train"]["kept"] + sum(stats["train"]["dropped"].values())
+    assert stats["train"]["kept"] == first["kept"] + second["kept"]
+    assert lines(tmp_path / "run/corpus/valid.zh") == [z for z, _ in VALID + IN_VALID]  # from data.corpus
+
+    once = prepare(tmp_path, "once", mirror, [{"corpus": "wmt19"}, {"path": str(mine), "weight": 1}])
+    assert stats["train"]["pairs"] - once["train"]["pairs"] == 2 * second["kept"]  # the weight, exactly
+    assert once["train"]["kept"] == stats["train"]["kept"]
+
+
+def test_the_order_of_the_corpora_decides_which_copy_of_a_duplicate_is_kept(tmp_path, inputs):
+    mirror, mine = inputs
+    stats = prepare(tmp_path, "run", mirror, [{"path": str(mine), "weight": 2}, {"corpus": "wmt19"}])
+    first, second = stats["train"]["corpora"]
+    assert first["dropped"]["duplicate"] == 0 and second["dropped"]["duplicate"] == len(SHARED)
+    assert stats["train"]["kept"] == len(MAIN) + len(MINE) - len(IN_VALID)
+
+
+def test_one_or_two_workers_give_the_same_bytes(tmp_path, inputs, monkeypatch):
+    mirror, mine = inputs
+    monkeypatch.setattr(units, "UNIT_BYTES", 4096)
+    monkeypatch.setattr(units, "UNIT_LINES", 40)
+    corpora = [{"corpus": "wmt19", "weight": 2}, {"path": str(mine), "weight": 2.5}]
+    one = prepare(tmp_path, "one", mirror, corpora, max_train_pairs=200)
+    two = prepare(tmp_path, "two", mirror, corpora, max_train_pairs=200, workers=2)
+    assert one == two and one["train"]["kept"] == 200
+    assert sum(c["dropped"]["subsampled"] for c in one["train"]["corpora"]) > 0
+    for name in ("train.zh", "train.en", "manifest.json"):
+        assert (tmp_path / "one/corpus" / name).read_bytes() == (tmp_path / "two/corpus" / name).read_bytes()
+
+
+def test_without_corpora_the_single_corpus_report_is_unchanged(tmp_path, inputs):
+    mirror, _ = inputs
+    stats = prepare(tmp_path, "run", mirror, [])
+    assert "corpora" not in stats["train"] and stats["train"]["kept"] == len(MAIN)
+    assert set(stats["train"]) == {"source", "read", "kept", "dropped", "bad_lines"}
+
+
+def test_the_resolved_config_is_saved_and_read_back(tmp_path):
+    raw = {"data": {"corpus": "wmt19", "corpora": [{"corpus": "wmt19"}, {"path": "my/files", "weight": 3}]}}
+    config = config_from_dict(raw)
+    again = config_from_dict(yaml.safe_load(config_to_yaml(config)))
+    assert again.data.corpora == config.data.corpora and again.data.corpora[1].weight == 3
+
+
+@pytest.mark.parametrize(
+    ("corpora", "message"),
+    [
+        ([{"corpus": "wmt91"}], r"data.corpora\[0\].corpus: unknown corpus 'wmt91' \(did you mean 'wmt19'\?\)"),
+        ([{"corpus": "wmt19"}, {"path": "x", "weight": 0}], r"data.corpora\[1\].weight: 0.0 must be at least 1"),
+        ([{"corpus": "wmt19", "path": "x"}], r"data.corpora\[0\]: give either corpus: NAME or path: DIR"),
+        ([{"path": "x", "weigth": 2}], r"unknown key data.corpora\[0\].weigth \(did you mean 'weight'\?\)"),
+        ([{"path": "x", "weight": 0.5}], r"data.corpora\[0\].weight: 0.5 must be at least 1"),
+        ([{"path": "x", "weight": "x"}], r"data.corpora\[0\].weight: expected float, got 'x'"),
+        ("wmt19", r"data.corpora\[0\]: expected CorpusEntry, got 'wmt19'"),
+    ],
+)
+def test_bad_corpora_are_one_line_config_errors_naming_the_key(corpora, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        config_from_dict({"data": {"corpus": "wmt19", "corpora": corpora}})
+    assert "\n" not in str(err.value)
+
+
+def test_corpora_without_data_corpus_is_refused():
+    """Valid and test come from data.corpus: left out, they would quietly be the default's (tatoeba)."""
+    with pytest.raises(ConfigError, match="data.corpora: also name data.corpus"):
+        config_from_dict({"data": {"corpora": [{"corpus": "wmt19"}]}})
+
+
+def test_a_missing_path_is_one_line_naming_the_entry(tmp_path, inputs):
+    mirror, _ = inputs
+    with pytest.raises(NmtError, match=r"data.corpora\[1\].path: .*nowhere not found"):
+        prepare(tmp_path, "run", mirror, [{"corpus": "wmt19"}, {"path": str(tmp_path / "nowhere")}])
+    assert not (tmp_path / "run" / "corpus" / "train.zh").exists()
+
+
+def test_a_hub_corpus_among_them_is_downloaded_once(tmp_path, inputs, monkeypatch):
+    from fake_hub import FakeHub, translation_rows
+
+    _, mine = inputs
+    tables = {
+        ("wmt/wmt19", "zh-en", "train"): translation_rows(MAIN),
+        ("wmt/wmt19", "zh-en", "validation"): translation_rows(VALID),
+    }
+    hub = FakeHub(monkeypatch, tmp_path / "hf", tables)
+    raw = {"name": "t", "data": {"corpus": "wmt19", "workers": 1}}
+    raw["data"]["corpora"] = [{"path": str(mine), "weight": 2}, {"corpus": "wmt19"}]
+    with pytest.warns(UserWarning, match="'wmt19' has no test split"):
+        first = prepare_corpus(config_from_dict(raw), tmp_path / "a")
+    expected = [f"zh-en/{split}-{i:05d}-of-00002.parquet" for split in ("train", "validation") for i in (0, 1)]
+    assert sorted(hub.downloads) == expected  # two files a split, each once
+    mine_stats, hub_stats = first["train"]["corpora"]
+    assert mine_stats["kept"] == len(MINE) + len(SHARED) and mine_stats["pairs"] == 2 * mine_stats["kept"]
+    assert hub_stats["kept"] == len(MAIN) - len(SHARED) and hub_stats["dropped"]["duplicate"] == len(SHARED)
+    hub.downloads.clear()
+    with pytest.warns(UserWarning, match="no test split"):
+        second = prepare_corpus(config_from_dict(raw), tmp_path / "b")
+    assert hub.downloads == [] and second == first
+
+
+def test_the_printed_report_has_a_row_per_corpus(tmp_path, inputs):
+    import io
+
+    from rich.console import Console
+
+    from nmt.data.corpus import print_stats
+
+    mirror, mine = inputs
+    stats = prepare(tmp_path, "run", mirror, [{"corpus": "wmt19"}, {"path": str(mine), "weight": 3}])
+    out = io.StringIO()
+    print_stats(stats, Console(file=out, width=200))
+    rows = [line for line in out.getvalue().splitlines() if line.startswith(("│ wmt19", f"│ {mine}"))]
+    second = stats["train"]["corpora"][1]
+    assert len(rows) == 2 and rows[1].split("│")[-2].strip() == str(second["pairs"])
+
+
+def test_a_recipe_missing_from_the_mirror_is_one_line_naming_the_entry(tmp_path, inputs):
+    """Not the mirror's top folder instead: that would be another corpus's files."""
+    mirror, _ = inputs
+    message = r"data.corpora\[1\].corpus: 'opus100': the mirror .* has no folder opus100-en-zh"
+    with pytest.raises(NmtError, match=message):
+        prepare(tmp_path, "run", mirror, [{"corpus": "wmt19"}, {"corpus": "opus100"}])
+
+
+def test_a_fractional_weight_repeats_a_seeded_share_of_the_pairs_once_more(tmp_path, inputs):
+    mirror, mine = inputs
+    stats = prepare(tmp_path, "run", mirror, [{"path": str(mine), "weight": 1.5}, {"corpus": "wmt19"}])
+    first = stats["train"]["corpora"][0]
+    zh = lines(tmp_path / "run/corpus/train.zh")
+    assert len(zh) == stats["train"]["pairs"] == first["pairs"] + len(MAIN) - len(SHARED)
+    assert 0.3 * first["kept"] < first["pairs"] - first["kept"] < 0.7 * first["kept"]  # about half twice
+    mine_lines = zh[: first["pairs"]]
+    twice = {z for z in mine_lines if mine_lines.count(z) == 2}
+    assert len(twice) == first["pairs"] - first["kept"] and len(set(mine_lines)) == first["kept"]
+    again = prepare(tmp_path, "again", mirror, [{"path": str(mine), "weight": 1.5}, {"corpus": "wmt19"}], seed=2)
+    other = lines(tmp_path / "again/corpus/train.zh")[: again["train"]["corpora"][0]["pairs"]]
+    assert {z for z in other if other.count(z) == 2} != twice  # the seed picks the share

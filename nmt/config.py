@@ -53,7 +53,7 @@ BT_TAG = "⦅BT⦆"  # starts every tagged synthetic source (Caswell et al., 201
 
 @dataclass
 class DataConfig:
-    corpus: str = "tatoeba"  # a recipe name (see nmt.data.corpus.RECIPES)
+    corpus: str = "tatoeba"  # a recipe name (see nmt.data.recipes.RECIPES)
     mirror: str | None = None  # local directory in the HF translation schema
     # which way a run translates; everything follows it (vocab and model sides, training,
     # decoding, BLEU's tokenizer); T→S and NFKC apply to the Chinese side wherever it is

@@ -3,7 +3,7 @@
 `build_vocab` trains `<run>/vocab/{zh,en}.model` (named by data.src_lang / data.tgt_lang) on a
 sample of the cleaned train text, then encodes every split into `<run>/bin` (valid/test sources
 and references pass through `normalize_source` / `normalize_target` first, as train did).
-SentencePiece's own normalisation is off ("identity"): `nmt.data.corpus.normalize_*` is the one
+SentencePiece's own normalisation is off ("identity"): `nmt.data.normalize.normalize_*` is the one
 place text is normalised.
 
 Pass-through (`data.passthrough`, nmt/data/passthrough.py): the placeholders `⦅0⦆…` are

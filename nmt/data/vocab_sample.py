@@ -70,8 +70,11 @@ class BottomK:
         return [line for _, line in sorted(self._heap, reverse=True)]
 
 
-def _read_pairs(texts: tuple[Path, Path], samples: tuple[BottomK, BottomK], seed: int) -> int:
+def _read_pairs(
+    texts: tuple[Path, Path], samples: tuple[BottomK, BottomK], seed: int, firsts: tuple[int | None, int | None]
+) -> int:
     """Stream the two aligned files into the two samples; returns the number of pairs read.
+    A side whose `firsts` entry is a number n is offered only the pairs of its first n lines.
 
     Lines are read as bytes and decoded only when a sample wants them: most of a large corpus
     is refused on its key alone.
@@ -87,8 +90,8 @@ def _read_pairs(texts: tuple[Path, Path], samples: tuple[BottomK, BottomK], seed
         for pairs, (s, t) in enumerate(zip(fs, ft, strict=False), start=1):
             s, t = s.rstrip(b"\n"), t.rstrip(b"\n")
             key = pair_key(s, t, seed)
-            for sample, line, path in zip(samples, (s, t), texts, strict=True):
-                if sample.wants(key):
+            for sample, line, path, first in zip(samples, (s, t), texts, firsts, strict=True):
+                if (first is None or pairs <= first) and sample.wants(key):
                     sample.add(key, _decode(line, path, pairs))
             if pairs % _PROGRESS_EVERY == 0:
                 progress.update(task, completed=pairs)
@@ -105,15 +108,22 @@ def _decode(line: bytes, path: Path, number: int) -> str:
 
 
 def draw_sample(
-    texts: tuple[Path, Path], outputs: tuple[Path, Path], budget: int, max_lines: int, seed: int
+    texts: tuple[Path, Path],
+    outputs: tuple[Path, Path],
+    budget: int,
+    max_lines: int,
+    seed: int,
+    firsts: tuple[int | None, int | None] = (None, None),
 ) -> list[dict]:
     """Write the sample of each side of the aligned files `texts` (src, tgt) to `outputs`, atomically.
 
-    `budget`: characters per side; `max_lines`: lines per side; `seed`: the key's seed.
+    `budget`: characters per side; `max_lines`: lines per side; `seed`: the key's seed; `firsts`:
+    per side, None or n to draw from the first n lines only (the real pairs of a train split that
+    ends with back-translated ones: a synthetic side never shapes the vocabulary).
     Returns per side {"sentences", "chars", "of_sentences"} (lines kept, their characters, pairs read).
     """
     samples = (BottomK(budget, max_lines), BottomK(budget, max_lines))
-    pairs = _read_pairs(texts, samples, seed)
+    pairs = _read_pairs(texts, samples, seed, firsts)
     stats = []
     for sample, out in zip(samples, outputs, strict=True):
         lines = sample.lines()

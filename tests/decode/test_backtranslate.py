@@ -170,6 +170,10 @@ def test_a_forward_run_trains_on_real_and_tagged_synthetic_pairs(reverse_run, mo
     tagged = [line for line in train_zh if line.startswith(BT_TAG + " ")]
     assert len(tagged) == stats["backtranslation"]["kept"] > 0
     assert len(train_zh) == 2 * stats["train"]["kept"] + len(tagged)
+    sample_zh = (run / "vocab" / "sample.zh").read_text(encoding="utf-8").splitlines()  # all of train fits
+    sample_en = set((run / "vocab" / "sample.en").read_text(encoding="utf-8").splitlines())
+    assert sorted(sample_zh) == sorted(train_zh[: -len(tagged)])  # the source vocabulary: real text only
+    assert sample_en & set(english)  # the target side of synthetic pairs is real text: it stays
     for split in ("valid", "test"):  # untouched: as many lines as a run without synthetic pairs
         lines = (run / "corpus" / f"{split}.zh").read_text(encoding="utf-8")
         assert BT_TAG not in lines and len(lines.splitlines()) == stats[split]["kept"]

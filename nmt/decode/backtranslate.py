@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from nmt.checkpoint_files import choose_inference_checkpoint
 from nmt.config import Config
 from nmt.data.mono import HubText, mono_source, read_mono
 from nmt.decode.options import InferenceOptions
@@ -62,8 +63,9 @@ def backtranslate(opts: BacktranslateOptions, on_chunk: Callable[[int, int], Non
         raise NmtError(f"--chunk {opts.chunk}: must be >= 1")
     if opts.no_repeat_ngram is not None and opts.no_repeat_ngram < 0:
         raise NmtError(f"--no-repeat-ngram {opts.no_repeat_ngram}: must be >= 0 (0 = off)")
-    translator = Translator.from_options(opts.inference, _decoding_config(opts))
-    print(f"reverse model: {require_valid_bleu(translator.checkpoint, opts.min_valid_bleu)}", file=sys.stderr)
+    config, checkpoint = _reverse_model(opts)
+    print(f"reverse model: {require_valid_bleu(checkpoint, opts.min_valid_bleu)}", file=sys.stderr)
+    translator = Translator.from_options(opts.inference, config)
     data, run_dir = translator.config.data, checkpoint_run(translator.checkpoint)
     real, synthetic = data.src_lang, data.tgt_lang
     path = mono_source(opts.mono, real)
@@ -96,14 +98,16 @@ def backtranslate(opts: BacktranslateOptions, on_chunk: Callable[[int, int], Non
     return stats
 
 
-def _decoding_config(opts: BacktranslateOptions) -> Config | None:
-    """The reverse run's config with `opts.no_repeat_ngram` as its decode.no_repeat_ngram (None:
-    the run's own, left to the translator to read)."""
-    if opts.no_repeat_ngram is None:
-        return None
-    run = str(opts.inference.run_dir) if opts.inference.run_dir is not None else None
-    config, _ = resolve_run(None, run, need_model=True)
-    return replace(config, decode=replace(config.decode, no_repeat_ngram=opts.no_repeat_ngram))
+def _reverse_model(opts: BacktranslateOptions) -> tuple[Config, Path]:
+    """The reverse run's config, with `opts.no_repeat_ngram` as its decode.no_repeat_ngram unless
+    None, and the checkpoint (or export directory) it decodes with: known before any model is
+    loaded, so that a model below the floor is refused at once."""
+    inference = opts.inference
+    config, run = resolve_run(None, str(inference.run_dir) if inference.run_dir is not None else None, need_model=True)
+    if opts.no_repeat_ngram is not None:
+        config = replace(config, decode=replace(config.decode, no_repeat_ngram=opts.no_repeat_ngram))
+    checkpoint = Path(inference.checkpoint) if inference.checkpoint is not None else None
+    return config, checkpoint or choose_inference_checkpoint(run).path
 
 
 def _search(translator: Translator) -> dict:

@@ -63,8 +63,12 @@ def test_a_model_without_a_score_passes_only_a_zero_floor(tmp_path):
     assert require_valid_bleu(step, 0) == "validation BLEU not checked"
 
 
-def test_the_cli_default_is_the_module_default():
+def test_the_cli_defaults_are_the_modules_defaults():
     from nmt.cli.decoding import backtranslate
+    from nmt.decode.backtranslate import BacktranslateOptions
 
-    default = inspect.signature(backtranslate).parameters["min_valid_bleu"].default
-    assert default == MIN_VALID_BLEU > 0
+    parameters = inspect.signature(backtranslate).parameters
+    assert parameters["min_valid_bleu"].default == MIN_VALID_BLEU > 0
+    options = {f.name: f.default for f in BacktranslateOptions.__dataclass_fields__.values()}
+    assert options["min_valid_bleu"] == MIN_VALID_BLEU and options["no_repeat_ngram"] == 3
+    assert parameters["no_repeat_ngram"].default == options["no_repeat_ngram"]

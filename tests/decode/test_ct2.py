@@ -73,6 +73,24 @@ def test_engines_agree_on_a_trained_model(trained_run):
 
 
 @pytest.mark.slow
+@pytest.mark.invariance
+def test_engines_agree_with_no_repeat_ngram(trained_run):
+    """decode.no_repeat_ngram reaches CTranslate2 in greedy and beam search alike. Greedy: the
+    same outputs as the native (reference) search, not those without the rule. Beam: CTranslate2
+    renormalises after blocking (module docstring of nmt/decode/ct2.py), so only the change is checked."""
+    src = _lines(trained_run, "valid.zh") + _lines(trained_run, "test.zh")
+    config = load_config(trained_run / "config.yaml")
+    blocked = dataclasses.replace(config, decode=dataclasses.replace(config.decode, no_repeat_ngram=2))
+    native = Translator.from_run(trained_run, precision="fp32", config=blocked)
+    fast = Translator.from_run(trained_run, precision="fp32", engine="ctranslate2", config=blocked)
+    free = Translator.from_run(trained_run, precision="fp32", engine="ctranslate2", config=config)
+    greedy = native.translate(src, beam=1)
+    assert _agreement(greedy, fast.translate(src, beam=1)) >= 0.98
+    assert greedy != free.translate(src, beam=1), "the rule changed nothing"
+    assert fast.translate(src, beam=4) != free.translate(src, beam=4)
+
+
+@pytest.mark.slow
 def test_sampling_maps_onto_ctranslate2s_options(trained_run):
     """top-k 1 is greedy in both engines; a seed reproduces CTranslate2's draws; a wide top-k samples."""
     from nmt.decode.options import Sampling

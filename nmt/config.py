@@ -146,7 +146,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
     # regularisers for small data (0 = off each; nmt/train/regularisers.py, nmt/train/ema.py,
-    # nmt/data/subword_sampling.py): training batches only, never validation or decoding
+    # nmt/data/subword_sampling.py), on training batches only, never validation or decoding.
     src_word_dropout: float = 0.0  # probability that a source piece is replaced by <unk>
     rdrop_alpha: float = 0.0  # R-Drop: weight of the symmetric KL between two dropout passes (2 forwards)
     # exponential moving average of the weights, updated after every update; when on, validation,

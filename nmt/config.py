@@ -35,6 +35,13 @@ class BacktranslationConfig:
     tag: bool = True  # mark synthetic sources with BT_TAG, a reserved piece of the source vocabulary
     real_upsample: int = 1  # real pairs written this many times (a real:synthetic ratio without dropping any)
     max_pairs: int | None = None  # use at most this many synthetic pairs (the first ones)
+    # at most this many synthetic pairs per real line written (real_upsample copies count), drawn
+    # uniformly (seeded): real data stays at least as large as synthetic by default; null = all
+    ratio: float | None = 1.0
+    # rules for synthetic pairs only (nmt/data/synthetic_filter.py), on top of the real-pair cleaning:
+    max_ratio: float = 2.0  # scaled length ratio (nmt.data.clean.length_ratio), tighter than data.max_ratio
+    max_char_run: int = 3  # a character (not a digit) more times in a row on the synthetic side; 0 = off
+    max_token_share: float = 0.4  # the most frequent token's share of a synthetic side of 8+ tokens; 1 = off
 
 
 @dataclass
@@ -139,7 +146,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
     # regularisers for small data (0 = off each; nmt/train/regularisers.py, nmt/train/ema.py,
-    # nmt/data/subword_sampling.py): training batches only, never validation or decoding
+    # nmt/data/subword_sampling.py), on training batches only, never validation or decoding.
     src_word_dropout: float = 0.0  # probability that a source piece is replaced by <unk>
     rdrop_alpha: float = 0.0  # R-Drop: weight of the symmetric KL between two dropout passes (2 forwards)
     # exponential moving average of the weights, updated after every update; when on, validation,
@@ -338,6 +345,10 @@ def validate(c: Config, source: str = "<config>") -> None:
         need(bool(bt.corpus), "data.backtranslation.corpus", "is empty (the directory `nmt backtranslate` wrote)")
         need(bt.real_upsample >= 1, "data.backtranslation.real_upsample", "must be >= 1")
         need(bt.max_pairs is None or bt.max_pairs >= 1, "data.backtranslation.max_pairs", "must be >= 1 or null")
+        need(bt.ratio is None or bt.ratio > 0, "data.backtranslation.ratio", "must be > 0 or null")
+        need(bt.max_ratio >= 1.0, "data.backtranslation.max_ratio", "must be >= 1")
+        need(bt.max_char_run >= 0, "data.backtranslation.max_char_run", "must be >= 0 (0 = off)")
+        need(0 < bt.max_token_share <= 1, "data.backtranslation.max_token_share", "must be in (0, 1]")
 
     _check_model(c.model, need)
     _check_vocab(c.vocab, need)

@@ -183,6 +183,15 @@ def backtranslate(
     temperature: TemperatureOpt = None,
     seed: SeedOpt = 0,
     chunk: Annotated[int, typer.Option("--chunk", min=1, help="Sentences between two progress records.")] = 500,
+    no_repeat_ngram: Annotated[
+        int, typer.Option("--no-repeat-ngram", min=0, help="No n-gram of this many pieces twice in an output; 0 = off.")
+    ] = 3,
+    min_valid_bleu: Annotated[
+        float,
+        typer.Option(
+            "--min-valid-bleu", help="Refuse a reverse model whose recorded validation BLEU is lower; 0 = off."
+        ),
+    ] = 10.0,
 ) -> None:
     """Translate monolingual text with a reverse run into synthetic pairs (resumable)."""
     from nmt.decode.backtranslate import BacktranslateOptions
@@ -190,5 +199,8 @@ def backtranslate(
 
     sampling = sampling_options(sample_topk, sample_topp, temperature, seed)
     inference = inference_options(run, checkpoint, device, precision, engine, beam=beam, sampling=sampling)
-    stats = run_backtranslation(BacktranslateOptions(inference=inference, mono=mono, output=output, chunk=chunk))
+    searching = {"no_repeat_ngram": no_repeat_ngram, "min_valid_bleu": min_valid_bleu}
+    stats = run_backtranslation(
+        BacktranslateOptions(inference=inference, mono=mono, output=output, chunk=chunk, **searching)
+    )
     typer.echo(f"{stats['pairs']} synthetic pairs in {output / 'train.jsonl'} ({stats['seconds']} s)", err=True)

@@ -52,6 +52,7 @@ from nmt.data.normalize import normalize_source, normalize_target, strip_text
 from nmt.data.readers import Source, cached_hub, check_aligned, count_lines, find_sources, read_split
 from nmt.data.recipes import SPLITS, BadLines, Recipe, get_recipe
 from nmt.data.sample import sample_masks
+from nmt.data.synthetic_filter import cap_synthetic, filter_synthetic
 from nmt.errors import NmtError
 from nmt.files import atomic_path
 from nmt.run.stamps import clear_stamp, hash_files, stage_is_done, write_stamp
@@ -192,18 +193,23 @@ def _first(masks: list, k: int | None) -> list:
     return out
 
 
-def _write_synthetic(recipe: Recipe, data: DataConfig, tmp: dict[str, Path], held: Held, work: _Work) -> dict:
+def _write_synthetic(
+    recipe: Recipe, data: DataConfig, tmp: dict[str, Path], held: Held, work: _Work, real_lines: int
+) -> dict:
     """Append the back-translated pairs of `data.backtranslation.corpus` to train, cleaned like real
-    ones (the same rules, the overlap guard included), the first `max_pairs` of them, tagged with
-    BT_TAG when `tag`."""
+    ones (the same rules, the overlap guard included), then through the synthetic-only rules
+    (`nmt.data.synthetic_filter`), the first `max_pairs` of them, at most `ratio` × `real_lines`
+    (the real lines train holds) drawn seeded, tagged with BT_TAG when `tag`."""
     bt = data.backtranslation
     path = Path(bt.corpus) / "train.jsonl"
     if not path.is_file():
         raise NmtError(f"data.backtranslation.corpus: {path} not found (write it with `nmt backtranslate`)")
     cleaned, unique = _clean(Source("jsonl", (path,), str(path)), recipe, data, held, work)
     dropped = {"bad_line": 0, **cleaned.dropped(), "duplicate": sum(len(m) - int(m.sum()) for m in unique)}
+    unique, synthetic = filter_synthetic(cleaned, unique, data)
     masks = _first(unique, bt.max_pairs)
-    dropped["subsampled"] = sum(int(m.sum()) for m in unique) - sum(int(m.sum()) for m in masks)
+    dropped |= synthetic | {"subsampled": sum(int(m.sum()) for m in unique) - sum(int(m.sum()) for m in masks)}
+    masks, dropped["real_ratio"] = cap_synthetic(masks, real_lines, data)
     with (
         open(tmp[f"train.{data.src_lang}"], "a", encoding="utf-8") as fs,
         open(tmp[f"train.{data.tgt_lang}"], "a", encoding="utf-8") as ft,
@@ -288,7 +294,9 @@ def _write_corpus(
         guard = Held(frozenset(held[0]), frozenset(held[1])) if data.filter_overlap else Held()
         stats["train"] = _write_train(corpora, data, tmp, guard, work)
         if data.backtranslation is not None:
-            stats["backtranslation"] = _write_synthetic(recipe, data, tmp, guard, work.split("backtranslation"))
+            written = stats["train"].get("pairs")  # data.corpora: with their weights (and real_upsample)
+            real = written if written is not None else stats["train"]["kept"] * data.backtranslation.real_upsample
+            stats["backtranslation"] = _write_synthetic(recipe, data, tmp, guard, work.split("backtranslation"), real)
         tmp["stats.json"].write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         _write_manifest(tmp, stats)
     if not codes:
@@ -332,6 +340,9 @@ def print_stats(stats: dict, console: Console | None = None) -> None:
     console.print(table)
     if "corpora" in stats["train"]:
         console.print(_corpora_table(stats["train"]["corpora"]))
+    bt = stats.get("backtranslation")
+    if bt:  # the synthetic pairs: kept, and dropped by reason (the synthetic-only rules included)
+        console.print(f"back-translation: {bt['read']} read, {bt['kept']} kept; dropped {_nonzero(bt['dropped'])}")
 
 
 def _corpora_table(corpora: list[dict]) -> Table:

@@ -264,8 +264,12 @@ def train_models(config: Config, run_dir: Path, langs: tuple[str, str]) -> dict:
     samples = tuple(folder / f"sample.{lang}" for lang in langs)
     _remove_partial_files(folder)
     prepare = pair_prep(config.data, "train")
+    firsts = (_real_lines(run_dir, config, sources[0]), None)  # the source side: real text only
     (stats,) = _in_processes(
-        draw_sample, [(sources, samples, v.sample_chars, v.max_sentences, config.data.seed, prepare)], 1, folder
+        draw_sample,
+        [(sources, samples, v.sample_chars, v.max_sentences, config.data.seed, prepare, firsts)],
+        1,
+        folder,
     )
     jobs = [
         (config, sample, folder / f"{lang}.model", side, source)
@@ -276,6 +280,21 @@ def train_models(config: Config, run_dir: Path, langs: tuple[str, str]) -> dict:
         for message in caught:
             warnings.warn(message, UserWarning, stacklevel=3)
     return {lang: r | {"sample": s} for lang, (r, _), s in zip(langs, results, stats, strict=True)}
+
+
+def _real_lines(run_dir: Path, config: Config, text: Path) -> int | None:
+    """The lines of `text` (train's source side) before its back-translated pairs, which the
+    corpus appends last (`corpus/stats.json`: backtranslation.kept); None without back-translation.
+    Their source side is a reverse model's output, so the source vocabulary is trained without it;
+    their target side is real monolingual text and stays in the target sample."""
+    if config.data.backtranslation is None:
+        return None
+    stats = Path(run_dir) / "corpus" / "stats.json"
+    try:
+        synthetic = json.loads(stats.read_text(encoding="utf-8"))["backtranslation"]["kept"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise NmtError(f"{stats}: no backtranslation.kept count; run `nmt download` again") from None
+    return count_lines(text) - int(synthetic)
 
 
 # --------------------------------------------------------------------------- encoding and report

@@ -72,8 +72,15 @@ class BottomK:
         return [line for _, line in sorted(self._heap, reverse=True)]
 
 
-def _read_pairs(texts: tuple[Path, Path], samples: tuple[BottomK, BottomK], seed: int, prepare: Prepare) -> int:
+def _read_pairs(
+    texts: tuple[Path, Path],
+    samples: tuple[BottomK, BottomK],
+    seed: int,
+    prepare: Prepare,
+    firsts: tuple[int | None, int | None],
+) -> int:
     """Stream the two aligned files into the two samples; returns the number of pairs read.
+    A side whose `firsts` entry is a number n is offered only the pairs of its first n lines.
 
     Lines are read as bytes, decoded and prepared only when a sample wants them: most of a large
     corpus is refused on its key alone (the key is the raw pair's).
@@ -89,10 +96,16 @@ def _read_pairs(texts: tuple[Path, Path], samples: tuple[BottomK, BottomK], seed
         for pairs, (s, t) in enumerate(zip(fs, ft, strict=False), start=1):
             s, t = s.rstrip(b"\n"), t.rstrip(b"\n")
             key = pair_key(s, t, seed)
-            if samples[0].wants(key) or samples[1].wants(key):
+            wanted = [
+                (first is None or pairs <= first) and sample.wants(key)
+                for sample, first in zip(samples, firsts, strict=True)
+            ]
+            if any(wanted):
                 lines = _decode(s, texts[0], pairs), _decode(t, texts[1], pairs)
-                for sample, line in zip(samples, prepare(*lines)[:2] if prepare else lines, strict=True):
-                    sample.add(key, line)
+                prepared = prepare(*lines)[:2] if prepare else lines
+                for sample, line, wants in zip(samples, prepared, wanted, strict=True):
+                    if wants:
+                        sample.add(key, line)
             if pairs % _PROGRESS_EVERY == 0:
                 progress.update(task, completed=pairs)
         if ft.readline() or pairs != total:
@@ -114,16 +127,19 @@ def draw_sample(
     max_lines: int,
     seed: int,
     prepare: Prepare = None,
+    firsts: tuple[int | None, int | None] = (None, None),
 ) -> list[dict]:
     """Write the sample of each side of the aligned files `texts` (src, tgt) to `outputs`, atomically.
 
     `budget`: characters per side (of the prepared lines); `max_lines`: lines per side; `seed`:
     the key's seed; `prepare(src, tgt)` → (src, tgt, ...): what a sampled pair becomes first
-    (`nmt.data.passthrough.PairPrep`: pass-through masking), None: kept as read.
+    (`nmt.data.passthrough.PairPrep`: pass-through masking), None: kept as read; `firsts`: per
+    side, None or n to draw from the first n lines only (the real pairs of a train split that ends
+    with back-translated ones: a synthetic side never shapes the vocabulary).
     Returns per side {"sentences", "chars", "of_sentences"} (lines kept, their characters, pairs read).
     """
     samples = (BottomK(budget, max_lines), BottomK(budget, max_lines))
-    pairs = _read_pairs(texts, samples, seed, prepare)
+    pairs = _read_pairs(texts, samples, seed, prepare, firsts)
     stats = []
     for sample, out in zip(samples, outputs, strict=True):
         lines = sample.lines()

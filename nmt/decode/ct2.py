@@ -21,7 +21,9 @@ Decoding (`CTranslate2Engine.search`) maps nmt's decode settings onto `translate
   ranked among the top `beam` at the last free step, nmt closes the runners-up that replace
   them as well; CTranslate2 never saw those. Greedy outputs are the same tokens either way.
 - min_len → min_decoding_length (EOS disabled while fewer tokens were generated, in both).
-- no_repeat_ngram → no_repeat_ngram_size (both look at the generated tokens, BOS excluded).
+- no_repeat_ngram → no_repeat_ngram_size (both look at the generated tokens, BOS excluded), in
+  beam search, greedy search and sampling alike. Greedy outputs are the same; in beam search
+  CTranslate2 blocks before its log-softmax (see Masking), so its scores and some rankings differ.
 - Stopping: both take the top 2K candidates per step, finish the EOS among the first K and stop
   a sentence at K finished hypotheses (patience 1). With len_penalty 0, CTranslate2 stops when
   the best beam finishes (same best hypothesis; lower n-best entries may differ).
@@ -207,6 +209,7 @@ class CTranslate2Engine:
             beam_size=1,
             max_decoding_length=max([*limits, 1]),
             min_decoding_length=self.decode.min_len,
+            no_repeat_ngram_size=self.decode.no_repeat_ngram,
             return_end_token=True,
             max_input_length=0,
             sampling_topk=sampling.topk,  # 0: the whole distribution, as in nmt
@@ -244,7 +247,7 @@ class CTranslate2Engine:
             length_penalty=len_penalty,
             max_decoding_length=max(limit, 1),  # 1: CTranslate2 needs a step; cut back by `search`
             min_decoding_length=d.min_len,
-            no_repeat_ngram_size=0 if greedy else d.no_repeat_ngram,
+            no_repeat_ngram_size=d.no_repeat_ngram,
             return_end_token=True,
             return_scores=not greedy,
             max_input_length=0,

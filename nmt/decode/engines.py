@@ -68,7 +68,8 @@ class NativeEngine:
         src = pad_sources(seqs).to(self.device)  # (B, S)
         with torch.inference_mode():
             if greedy or sampling is not None:
-                out = greedy_search(self.stepper, src, d.max_len_a, d.max_len_b, d.min_len, sampling=sampling)
+                lengths = (d.max_len_a, d.max_len_b, d.min_len)
+                out = greedy_search(self.stepper, src, *lengths, sampling=sampling, no_repeat_ngram=d.no_repeat_ngram)
                 return [[(tokens, float("nan"))] for tokens in out]
             report = (lambda i, row: on_done(i, _pairs(row))) if on_done is not None else None
             lengths = (d.max_len_a, d.max_len_b, d.min_len, d.no_repeat_ngram)

@@ -144,9 +144,12 @@ def greedy_search(
     min_len: int = 1,
     *,
     sampling: Sampling | None = None,
+    no_repeat_ngram: int = 0,
 ) -> list[list[int]]:
     """Most probable next token at every step, for a batch `src` (B, S). Returns B token lists.
-    With `sampling`, each next token is drawn instead (`nmt.decode.sampling`; the same lengths)."""
+    With `sampling`, each next token is drawn instead (`nmt.decode.sampling`; the same lengths).
+    `no_repeat_ngram` n > 0: a token that would repeat an n-gram of the row's output is never
+    chosen (nor drawn), as in beam search; 0 = off."""
     B = src.size(0)
     max_len = max_lengths(model, src, max_len_a, max_len_b)  # (B,)
     steps = int(max_len.max().item()) + 1 if B else 0
@@ -159,6 +162,8 @@ def greedy_search(
     keys = sentence_keys(src) if sampling is not None else None  # (B,)
     for t in range(steps):
         logits = constrain(model.decode_step(tokens, state), t, min_len, max_len[rows], earliest)  # (R, V)
+        if no_repeat_ngram:  # the history is a gather of the rows still decoded: only when asked
+            logits = block_repeated_ngrams(logits, out[rows, :t], no_repeat_ngram)
         # (R,): the argmax (of the log-probs too), or a draw
         tokens = logits.argmax(dim=-1) if keys is None else sample_tokens(logits, sampling, keys[rows], t)
         out[rows, t] = tokens  # what an ended row writes after its EOS is cut by _strip

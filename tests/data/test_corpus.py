@@ -765,7 +765,7 @@ def test_synthetic_pairs_are_cleaned_in_units_and_the_first_max_pairs_appended(t
     synthetic = [(f"合成句子{i}。", f"Synthetic sentence {i}.") for i in range(400)]
     synthetic += synthetic[:50] + [VALID[0], ("", "Empty.")]  # repeats, an overlap with valid, an empty side
     write_jsonl(tmp_path / "bt" / "train.jsonl", synthetic)
-    bt = {"corpus": str(tmp_path / "bt"), "tag": True, "real_upsample": 2, "max_pairs": 300}
+    bt = {"corpus": str(tmp_path / "bt"), "tag": True, "real_upsample": 2, "max_pairs": 300, "ratio": None}
     root = mirror(tmp_path / "m")
     stats = prepare_corpus(config(backtranslation=bt, workers=2), tmp_path / "run", mirror=str(root))
     zh = lines(tmp_path / "run/corpus/train.zh")
@@ -774,6 +774,34 @@ def test_synthetic_pairs_are_cleaned_in_units_and_the_first_max_pairs_appended(t
     s = stats["backtranslation"]
     assert s["kept"] == 300 and s["dropped"]["duplicate"] == 50 and s["dropped"]["subsampled"] == 100
     assert s["dropped"]["overlap"] == 1 and s["dropped"]["empty"] == 1 and s["read"] == len(synthetic)
+
+
+def test_synthetic_only_rules_count_their_drops_and_real_lines_bound_the_synthetic_ones(tmp_path):
+    """Each synthetic-only rule drops its pair and is counted by reason; then at most
+    ratio × real lines (real_upsample copies count) are kept, drawn with the data seed."""
+    good = [(f"合成句子{i}。", f"Synthetic sentence {i}.") for i in range(20)]
+    bad = [
+        ("好。", "This is good, really very good."),  # bt_ratio: 5.2, under data.max_ratio 9
+        ("我把把把把你。", "I hold you close."),  # char_run: 把 four times
+        ("我的的我的的我的的。", "Mine of mine of mine."),  # token_share: 的 6 of 9
+    ]
+    write_jsonl(tmp_path / "bt" / "train.jsonl", good[:10] + bad + good[10:])
+    bt = {"corpus": str(tmp_path / "bt"), "tag": False, "real_upsample": 2}
+    root = mirror(tmp_path / "m")
+    stats = prepare_corpus(config(backtranslation=bt), tmp_path / "run", mirror=str(root))
+    s = stats["backtranslation"]
+    assert {k: s["dropped"][k] for k in ("bt_ratio", "char_run", "token_share")} == dict.fromkeys(
+        ("bt_ratio", "char_run", "token_share"), 1
+    )
+    real = 2 * len(TRAIN)
+    assert s["kept"] == real and s["dropped"]["real_ratio"] == len(good) - real and s["read"] == 23
+    kept = lines(tmp_path / "run/corpus/train.zh")[real:]
+    assert len(kept) == real and set(kept) <= {z for z, _ in good} and kept != [z for z, _ in good[:real]]
+    again = prepare_corpus(config(backtranslation=bt, seed=5), tmp_path / "run2", mirror=str(root))
+    assert again["backtranslation"]["kept"] == real and lines(tmp_path / "run2/corpus/train.zh")[real:] != kept
+    loose = bt | {"ratio": None, "max_ratio": 9.0, "max_char_run": 0, "max_token_share": 1.0}
+    every = prepare_corpus(config(backtranslation=loose), tmp_path / "run3", mirror=str(root))
+    assert every["backtranslation"]["kept"] == len(good) + len(bad)  # each rule off
 
 
 def test_the_number_of_workers_is_not_part_of_the_stamp(tmp_path):

@@ -110,6 +110,7 @@ def test_the_feed_resamples_the_same_on_the_prefetch_thread_and_after_a_resume(m
     assert all(torch.equal(a, b) for a, b in zip(ahead, straight, strict=True))
 
 
+@pytest.mark.slow
 def test_a_run_trains_on_resampled_pieces_and_validates_on_the_stored_ones(tiny_run, tmp_path, monkeypatch):
     """fit() on a copy of a real run's data and vocabularies with subword_alpha on: the training
     batches hold other pieces than the stored ones, the same text; validation reads the stored ones."""

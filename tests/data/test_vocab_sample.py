@@ -95,6 +95,23 @@ def test_the_whole_corpus_when_it_is_under_the_budget(tmp_path):
     assert stats[1] == {"sentences": 50, "chars": sum(len(e) for _, e in PAIRS[:50]), "of_sentences": 50}
 
 
+def test_a_side_limited_to_its_first_lines_never_sees_the_rest(tmp_path):
+    """`firsts` (the real pairs before back-translated ones): the source side is drawn from the
+    first 30 lines only, the target side from all; within its lines, the same sample as a file
+    of those lines alone."""
+    texts = write_pairs(tmp_path, PAIRS[:50])
+    out = (tmp_path / "s.zh", tmp_path / "s.en")
+    stats = draw_sample(texts, out, budget=10**9, max_lines=10**6, seed=1, firsts=(30, None))
+    assert sorted(out[0].read_text(encoding="utf-8").splitlines()) == sorted(z for z, _ in PAIRS[:30])
+    assert sorted(out[1].read_text(encoding="utf-8").splitlines()) == sorted(e for _, e in PAIRS[:50])
+    assert stats[0]["sentences"] == 30 and stats[0]["of_sentences"] == 50
+    small = (tmp_path / "t.zh", tmp_path / "t.en")
+    draw_sample(texts, small, budget=200, max_lines=10**6, seed=1, firsts=(30, None))
+    alone = write_pairs(tmp_path / "alone", PAIRS[:30])
+    draw_sample(alone, (tmp_path / "u.zh", tmp_path / "u.en"), budget=200, max_lines=10**6, seed=1)
+    assert small[0].read_bytes() == (tmp_path / "u.zh").read_bytes()
+
+
 @pytest.mark.parametrize("longer", [0, 1])
 def test_unaligned_sides_are_an_error_naming_the_file(tmp_path, longer):
     texts = write_pairs(tmp_path, PAIRS[:20])

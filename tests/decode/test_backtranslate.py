@@ -39,7 +39,7 @@ def mono(reverse_run, tmp_path_factory):
 
 def options(run, folder, output, **kw) -> BacktranslateOptions:
     inference = InferenceOptions(run_dir=run, device="cpu", precision="fp32", beam=kw.pop("beam", 2))
-    return BacktranslateOptions(inference=inference, mono=folder, output=output, chunk=kw.pop("chunk", 16))
+    return BacktranslateOptions(inference=inference, mono=folder, output=output, chunk=kw.pop("chunk", 16), **kw)
 
 
 def read_pairs(path):
@@ -56,6 +56,25 @@ def test_pairs_are_the_kept_lines_in_order_with_the_real_side_verbatim(reverse_r
     assert not (tmp_path / "bt" / PARTIAL).exists() and not (tmp_path / "bt" / PROGRESS).exists()
     again = backtranslate(options(reverse_run, folder, tmp_path / "bt"))  # finished: nothing to redo
     assert again["fingerprint"] == stats["fingerprint"]
+
+
+def test_a_reverse_model_below_the_floor_is_refused_before_anything_is_written(reverse_run, mono, tmp_path):
+    from nmt.decode.valid_score import validation_bleu
+    from nmt.run.checkpoints import find_inference_checkpoint
+
+    folder, _, _ = mono
+    score, where = validation_bleu(find_inference_checkpoint(reverse_run))
+    with pytest.raises(NmtError, match=rf"validation BLEU {score:.2f} \(read from .*\) is below the floor") as e:
+        backtranslate(options(reverse_run, folder, tmp_path / "bt", min_valid_bleu=score + 1))
+    assert where in str(e.value) and not (tmp_path / "bt").exists()
+
+
+def test_no_repeat_ngram_is_3_by_default_and_part_of_the_fingerprint(reverse_run, mono, tmp_path):
+    folder, _, _ = mono
+    default = backtranslate(options(reverse_run, folder, tmp_path / "a"))
+    own = backtranslate(options(reverse_run, folder, tmp_path / "b", no_repeat_ngram=None))  # the run's: 0
+    assert default["decode"]["no_repeat_ngram"] == 3 and own["decode"]["no_repeat_ngram"] == 0
+    assert default["fingerprint"] != own["fingerprint"]
 
 
 def test_a_hub_dataset_of_text_rows_is_backtranslated_like_a_file(reverse_run, mono, tmp_path, monkeypatch):
@@ -122,6 +141,9 @@ def test_cli_backtranslate_with_sampling(reverse_run, mono, tmp_path):
         app, ["backtranslate", "--run", str(reverse_run), "--mono", str(tmp_path / "no"), "-o", str(out)]
     )
     assert missing.exit_code == 1 and "monolingual text not found" in missing.stderr
+    low = CliRunner().invoke(app, [*args[:-1], str(tmp_path / "low"), "--min-valid-bleu", "1000"])
+    assert low.exit_code == 1 and "is below the floor 1000" in low.stderr and "Traceback" not in low.output
+    assert not (tmp_path / "low").exists()
 
 
 @pytest.mark.learning
@@ -148,6 +170,10 @@ def test_a_forward_run_trains_on_real_and_tagged_synthetic_pairs(reverse_run, mo
     tagged = [line for line in train_zh if line.startswith(BT_TAG + " ")]
     assert len(tagged) == stats["backtranslation"]["kept"] > 0
     assert len(train_zh) == 2 * stats["train"]["kept"] + len(tagged)
+    sample_zh = (run / "vocab" / "sample.zh").read_text(encoding="utf-8").splitlines()  # all of train fits
+    sample_en = set((run / "vocab" / "sample.en").read_text(encoding="utf-8").splitlines())
+    assert sorted(sample_zh) == sorted(train_zh[: -len(tagged)])  # the source vocabulary: real text only
+    assert sample_en & set(english)  # the target side of synthetic pairs is real text: it stays
     for split in ("valid", "test"):  # untouched: as many lines as a run without synthetic pairs
         lines = (run / "corpus" / f"{split}.zh").read_text(encoding="utf-8")
         assert BT_TAG not in lines and len(lines.splitlines()) == stats[split]["kept"]

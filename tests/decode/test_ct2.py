@@ -8,6 +8,7 @@ tests/synthetic.py), copied so that export caches and reports written here stay 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -68,6 +69,24 @@ def test_engines_agree_on_a_trained_model(trained_run):
         bleu_a, bleu_b = score(a, ref)["bleu"], score(b, ref)["bleu"]
         assert_learned("tiny-pipeline/ct2_valid_bleu", bleu_a, 20)  # the model learned something
         assert abs(bleu_a - bleu_b) <= 0.2, f"beam {beam}: BLEU {bleu_a:.2f} vs {bleu_b:.2f}"
+
+
+@pytest.mark.slow
+@pytest.mark.invariance
+def test_engines_agree_with_no_repeat_ngram(trained_run):
+    """decode.no_repeat_ngram reaches CTranslate2 in greedy and beam search alike. Greedy: the
+    same outputs as the native (reference) search, not those without the rule. Beam: CTranslate2
+    renormalises after blocking (module docstring of nmt/decode/ct2.py), so only the change is checked."""
+    src = _lines(trained_run, "valid.zh") + _lines(trained_run, "test.zh")
+    config = load_config(trained_run / "config.yaml")
+    blocked = dataclasses.replace(config, decode=dataclasses.replace(config.decode, no_repeat_ngram=2))
+    native = Translator.from_run(trained_run, precision="fp32", config=blocked)
+    fast = Translator.from_run(trained_run, precision="fp32", engine="ctranslate2", config=blocked)
+    free = Translator.from_run(trained_run, precision="fp32", engine="ctranslate2", config=config)
+    greedy = native.translate(src, beam=1)
+    assert _agreement(greedy, fast.translate(src, beam=1)) >= 0.98
+    assert greedy != free.translate(src, beam=1), "the rule changed nothing"
+    assert fast.translate(src, beam=4) != free.translate(src, beam=4)
 
 
 @pytest.mark.slow

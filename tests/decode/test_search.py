@@ -14,6 +14,7 @@ from learning import TEST_SEED, assert_learned
 from tiers import trains
 
 from nmt import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from nmt.decode.options import Sampling
 from nmt.decode.search import Hypothesis, beam_search, greedy_search
 
 A, B, C = 4, 5, 6  # the toy vocabulary's real tokens
@@ -215,6 +216,26 @@ def test_no_repeat_ngram(n):
         assert len(h.tokens) == 8
         grams = _ngrams(h.tokens, n)
         assert len(grams) == len(set(grams)), h.tokens
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_no_repeat_ngram_in_greedy_and_sampling(n):
+    """Greedy search (and sampling, which shares its loop) never repeats an n-gram; 0 is off."""
+    repeat = ToyModel(12, lambda src, prefix: [0.0, 0, 0, -5.0] + [3.0 - 0.3 * i for i in range(8)])
+    src = batch([7, 7, 7, 7], [8, 8])
+    assert greedy_search(repeat, src, max_len_a=1.0, max_len_b=4, no_repeat_ngram=0) == [[A] * 8, [A] * 6]
+    for draw in (None, Sampling(topk=3, seed=n)):
+        for out in greedy_search(repeat, src, max_len_a=1.0, max_len_b=4, sampling=draw, no_repeat_ngram=n):
+            grams = _ngrams(out, n)
+            assert len(out) >= 6 and len(grams) == len(set(grams)), out
+
+
+def test_no_repeat_ngram_zero_leaves_every_search_unchanged():
+    model = ToyModel(12, random_fn(12))
+    src = batch(*SOURCES)
+    assert greedy_search(model, src, no_repeat_ngram=0) == greedy_search(model, src)
+    plain, off = (beam_search(model, src, beam=3, nbest=3, **kw) for kw in ({}, {"no_repeat_ngram": 0}))
+    assert [[(h.tokens, h.score) for h in row] for row in plain] == [[(h.tokens, h.score) for h in row] for row in off]
 
 
 def test_finished_sentences_leave_the_batch():
@@ -467,6 +488,7 @@ def test_cached_search_equals_the_plain_path(trained_transformer, trained):
     src, _, _ = _reverse_batch(12, torch.Generator().manual_seed(3))
     plain = Uncached(model)
     assert greedy_search(model, src) == greedy_search(plain, src)
+    assert greedy_search(model, src, no_repeat_ngram=2) == greedy_search(plain, src, no_repeat_ngram=2)
     for beam, nbest in ((1, 1), (4, 4), (5, 2)):
         fast, ref = (beam_search(m, src, beam=beam, nbest=nbest, no_repeat_ngram=3) for m in (model, plain))
         assert [[h.tokens for h in row] for row in fast] == [[h.tokens for h in row] for row in ref]

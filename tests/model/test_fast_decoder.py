@@ -110,6 +110,7 @@ def test_searches_find_the_same_tokens_and_scores():
     for batch in (1, 3, 16):
         src = _sources(batch, seed=batch)
         assert greedy_search(fast, src) == greedy_search(model, src)
+        assert greedy_search(fast, src, no_repeat_ngram=2) == greedy_search(model, src, no_repeat_ngram=2)
         got, want = (beam_search(m, src, beam=4, nbest=2, no_repeat_ngram=3) for m in (fast, model))
         assert [[(h.tokens, h.score) for h in row] for row in got] == [
             [(h.tokens, h.score) for h in row] for row in want

@@ -1,0 +1,175 @@
+"""Ablation at a time budget, on the validation split only: arms of config overrides trained side
+by side, each pinned to its own CPU core with one thread, so that the arms of a round see the
+same machine for the same minutes.
+
+    python scripts/bench_ablation.py --arm baseline \\
+        --arm budget=train.schedule=budget-linear \\
+        --arm budget+ema=train.schedule=budget-linear,train.ema_decay=0.999 --budget 20m
+
+The corpus and vocabularies are prepared once (all cores) and linked into every arm's run
+directory; then the arms train (`nmt train`, `train.max_time` = BUDGET) in rounds of as many arms
+as there are cores; then each arm's checkpoint is chosen on the validation split as `nmt
+pipeline` chooses it (averaged or best, beam search on the whole split). The test split is never
+decoded: the winner's test score is measured once, after the choice (`nmt eval --run ...`).
+Prints one table, a row per arm; the results also go to WORK/ablation.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PREPARED = ("corpus", "vocab", "bin", "download.stamp.json", "vocab.stamp.json")  # what the arms share
+
+
+def parse_arm(text: str) -> tuple[str, list[str]]:
+    """`NAME` or `NAME=section.key=value,section.key=value` → (name, overrides)."""
+    name, _, rest = text.partition("=")
+    if not name or "," in name or "." in name:
+        raise argparse.ArgumentTypeError(f"--arm {text!r}: NAME or NAME=section.key=value[,...]")
+    overrides = [o for o in rest.split(",") if o] if rest else []
+    for o in overrides:
+        if "=" not in o or "." not in o.split("=", 1)[0]:
+            raise argparse.ArgumentTypeError(f"--arm {text!r}: {o!r} is not section.key=value")
+    return name, overrides
+
+
+def nmt(args: list[str], log: Path, core: int | None = None) -> int:
+    """`python -m nmt ARGS`, output appended to `log`; pinned to `core` with one thread when given."""
+    cmd = [sys.executable, "-m", "nmt", *args]
+    env = dict(os.environ)
+    if core is not None:
+        cmd = ["taskset", "-c", str(core), *cmd]
+        env |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    with log.open("a", encoding="utf-8") as out:
+        out.write(f"\n$ {' '.join(cmd)}\n")
+        out.flush()
+        return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env).returncode
+
+
+def prepare(config: str, base: Path, mirror: str | None, log: Path) -> None:
+    """The corpus, vocabularies and encoded splits of `config`, once, in `base`."""
+    where = ["--mirror", mirror] if mirror else []
+    for stage in ("download", "vocab"):
+        if nmt([stage, "--config", config, "--run", str(base), *(where if stage == "download" else [])], log):
+            raise SystemExit(f"nmt {stage} failed: see {log}")
+
+
+def link_prepared(base: Path, run: Path) -> None:
+    """`base`'s prepared data in `run` (hard links: no copy of the corpus), unless already there."""
+    run.mkdir(parents=True, exist_ok=True)
+    for name in PREPARED:
+        source, target = base / name, run / name
+        if target.exists() or not source.exists():
+            continue
+        if source.is_dir():
+            shutil.copytree(source, target, copy_function=os.link)
+        else:
+            os.link(source, target)
+
+
+def train_arm(config: str, run: Path, overrides: list[str], budget: str, core: int, log: Path) -> int:
+    sets = [a for o in [*overrides, f"train.max_time={budget}", "train.threads=1"] for a in ("--set", o)]
+    return nmt(["train", "--config", config, "--run", str(run), *sets], log, core)
+
+
+def select(run: Path) -> dict:
+    """The pipeline's checkpoint choice for `run` (validation only): {"chosen", "valid_bleu"}."""
+    from nmt.config import load_config
+    from nmt.pipeline import select_stage
+
+    select_stage(load_config(run / "config.yaml"), run)
+    return json.loads((run / "select.stamp.json").read_text(encoding="utf-8"))
+
+
+def last_lr(run: Path) -> float | None:
+    """The learning rate of the last logged update (train.log)."""
+    lr = None
+    for line in (run / "train.log").read_text(encoding="utf-8").splitlines():
+        if " | lr " in line:
+            lr = float(line.split(" | lr ")[1].split(" |")[0])
+    return lr
+
+
+def result(name: str, overrides: list[str], run: Path) -> dict:
+    summary = json.loads((run / "train.stamp.json").read_text(encoding="utf-8"))["summary"]
+    chosen = select(run)
+    return {
+        "arm": name,
+        "overrides": overrides,
+        "updates": summary["steps"],
+        "epochs": summary["epochs"],
+        "tokens_per_s": summary["tokens_per_s"],
+        "last_lr": last_lr(run),
+        "best_greedy": summary["best_bleu"],
+        "best_step": summary["best_step"],
+        "chosen": chosen["chosen"],
+        "valid_bleu": chosen["valid_bleu"][chosen["chosen"]],
+    }
+
+
+def table(rows: list[dict]) -> str:
+    head = (
+        f"{'arm':<16}{'updates':>8}{'epochs':>7}{'tok/s':>7}{'last lr':>10}"
+        f"{'greedy@300 (step)':>19}{'chosen':>10}{'valid BLEU':>11}  overrides"
+    )
+    lines = [head]
+    for r in rows:
+        best = f"{r['best_greedy']:.2f} ({r['best_step']})"
+        lines.append(
+            f"{r['arm']:<16}{r['updates']:>8}{r['epochs']:>7.2f}{r['tokens_per_s']:>7.0f}{r['last_lr'] or 0:>10.2e}"
+            f"{best:>19}{r['chosen']:>10}{r['valid_bleu']:>11.2f}  {','.join(r['overrides']) or '-'}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arm", type=parse_arm, action="append", required=True, help="NAME[=key=value,...]")
+    parser.add_argument("--config", default="configs/small.yaml")
+    parser.add_argument("--budget", default="20m", help="train.max_time of every arm")
+    parser.add_argument("--mirror", default=os.environ.get("NMT_MIRROR") or str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "ablation")
+    args = parser.parse_args(argv)
+    names = [name for name, _ in args.arm]
+    if len(set(names)) != len(names):
+        parser.error(f"--arm names must differ: {names}")
+    cores = sorted(os.sched_getaffinity(0))
+    args.work.mkdir(parents=True, exist_ok=True)
+    log = args.work / "ablation.log"
+    from nmt.hw.host import cpu_model
+
+    print(f"CPU: {cpu_model()}; {len(cores)} cores, one arm per core; budget {args.budget}; log {log}", flush=True)
+    prepare(args.config, args.work / "prepared", args.mirror, log)
+    for name, _ in args.arm:
+        link_prepared(args.work / "prepared", args.work / name)
+    for start in range(0, len(args.arm), len(cores)):
+        round_ = args.arm[start : start + len(cores)]
+        began = time.time()
+        with ThreadPoolExecutor(len(round_)) as pool:
+            jobs = [
+                pool.submit(
+                    train_arm, args.config, args.work / name, sets, args.budget, core, args.work / f"{name}.log"
+                )
+                for (name, sets), core in zip(round_, cores, strict=False)
+            ]
+            failed = [name for (name, _), job in zip(round_, jobs, strict=True) if job.result()]
+        if failed:
+            raise SystemExit(f"training failed for {failed}: see {args.work}/<arm>.log")
+        print(f"trained {[n for n, _ in round_]} side by side in {time.time() - began:.0f} s", flush=True)
+    rows = [result(name, sets, args.work / name) for name, sets in args.arm]
+    (args.work / "ablation.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -439,15 +439,12 @@ def _check_data(data: DataConfig, need: Need) -> None:
 
 
 def _check_corpora(data: DataConfig, need: Need) -> None:
-    """Each `data.corpora` entry names a known recipe or a path (not both) and a weight >= 1."""
-    from nmt.data.recipes import RECIPES
-
+    """Each `data.corpora` entry names a recipe or a path (not both) and a weight >= 1. Recipe
+    names are checked where the recipes live, as `data.corpus`'s are (`nmt.data.recipes.get_recipe`,
+    when the corpus is prepared, before any work)."""
     for i, entry in enumerate(data.corpora):
         key = f"data.corpora[{i}]"
         need(bool(entry.corpus) != bool(entry.path), key, "give either corpus: NAME or path: DIR")
-        if entry.corpus:
-            hint = suggest(entry.corpus, RECIPES)
-            need(entry.corpus in RECIPES, f"{key}.corpus", f"unknown corpus {entry.corpus!r}{hint}")
         need(entry.weight >= 1, f"{key}.weight", f"{entry.weight} must be at least 1")
     for key in ("valid", "test"):
         need(getattr(data, key) != "", f"data.{key}", "is empty (a file path, or null for data.corpus's split)")

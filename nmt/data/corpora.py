@@ -48,7 +48,7 @@ def train_corpora(recipe: Recipe, train: Source, data: DataConfig, mirror: str |
     for i, entry in enumerate(data.corpora):
         key = f"data.corpora[{i}]"
         if entry.corpus:
-            own = get_recipe(entry.corpus)
+            own = get_recipe(entry.corpus, f"{key}.corpus")
             where = find_sources(own, data, mirror, need=("train",), key=f"{key}.corpus", own_folder=True)
             found = where["train"]
             out.append(TrainCorpus(entry.corpus, cached_hub(found, own), own, entry.weight))

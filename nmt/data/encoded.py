@@ -87,6 +87,8 @@ def _group_by_shard(
     """{shard: (its tokens, its lengths)} of one chunk, pairs kept in corpus order within a shard."""
     if shards == 1:
         return {0: (flat, lengths)} if len(lengths) else {}
+    if shards <= 1 << 16:
+        shard = shard.astype(np.uint16)  # small keys: numpy's stable sort is then a radix sort, linear
     order = np.argsort(shard, kind="stable")
     token_shard = np.repeat(shard, lengths)
     token_order = np.argsort(token_shard, kind="stable")

@@ -83,10 +83,11 @@ RECIPES: dict[str, Recipe] = {
 }
 
 
-def get_recipe(name: str) -> Recipe:
+def get_recipe(name: str, key: str = "data.corpus") -> Recipe:
+    """The recipe called `name`; NmtError naming the config `key` and the nearest name otherwise."""
     if name not in RECIPES:
         hint = suggest(name, RECIPES)
-        raise NmtError(f"data.corpus: unknown corpus {name!r}{hint}; known: {', '.join(sorted(RECIPES))}")
+        raise NmtError(f"{key}: unknown corpus {name!r}{hint}; known: {', '.join(sorted(RECIPES))}")
     return RECIPES[name]
 
 

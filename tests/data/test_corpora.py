@@ -109,7 +109,6 @@ def test_the_resolved_config_is_saved_and_read_back(tmp_path):
 @pytest.mark.parametrize(
     ("corpora", "message"),
     [
-        ([{"corpus": "wmt91"}], r"data.corpora\[0\].corpus: unknown corpus 'wmt91' \(did you mean 'wmt19'\?\)"),
         ([{"corpus": "wmt19"}, {"path": "x", "weight": 0}], r"data.corpora\[1\].weight: 0.0 must be at least 1"),
         ([{"corpus": "wmt19", "path": "x"}], r"data.corpora\[0\]: give either corpus: NAME or path: DIR"),
         ([{"path": "x", "weigth": 2}], r"unknown key data.corpora\[0\].weigth \(did you mean 'weight'\?\)"),
@@ -135,6 +134,14 @@ def test_a_missing_path_is_one_line_naming_the_entry(tmp_path, inputs):
     with pytest.raises(NmtError, match=r"data.corpora\[1\].path: .*nowhere not found"):
         prepare(tmp_path, "run", mirror, [{"corpus": "wmt19"}, {"path": str(tmp_path / "nowhere")}])
     assert not (tmp_path / "run" / "corpus" / "train.zh").exists()
+
+
+def test_an_unknown_recipe_is_one_line_naming_the_entry_before_any_work(tmp_path, inputs):
+    mirror, _ = inputs
+    message = r"data.corpora\[1\].corpus: unknown corpus 'wmt91' \(did you mean 'wmt19'\?\)"
+    with pytest.raises(NmtError, match=message) as err:
+        prepare(tmp_path, "run", mirror, [{"corpus": "wmt19"}, {"corpus": "wmt91"}])
+    assert "\n" not in str(err.value) and not (tmp_path / "run" / "corpus").exists()
 
 
 def test_a_hub_corpus_among_them_is_downloaded_once(tmp_path, inputs, monkeypatch):

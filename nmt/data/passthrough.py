@@ -92,6 +92,9 @@ class Detector:
         if self.kinds & {"latin", "number"}:
             parts.append(f"(?P<token>{_RULES['token']})")
         self.pattern = re.compile("|".join(parts)) if parts else None
+        # every span without protected terms holds a Latin letter, a digit or a backtick: a text
+        # with none (most Chinese sentences) is passed over by this one character class
+        self._can_hold = None if terms else re.compile(f"[{_L}0-9`]")
 
     @classmethod
     def from_data(cls, data: DataConfig) -> Detector:
@@ -99,7 +102,7 @@ class Detector:
 
     def find(self, text: str) -> list[Span]:
         """Non-overlapping spans of `text`, left to right."""
-        if self.pattern is None:
+        if self.pattern is None or (self._can_hold is not None and not self._can_hold.search(text)):
             return []
         spans = []
         for m in self.pattern.finditer(text):

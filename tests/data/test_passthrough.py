@@ -269,3 +269,10 @@ def test_a_source_without_spans_leaves_the_target_unscanned_and_unmasked(monkeyp
     assert (masked.text, masked.slots, out) == (src, [], tgt) and scanned == [src]
     masked, out = mask_pair("他在2024年读书。", tgt, ALL)  # a shared number: both sides scanned and masked
     assert masked.slots == ["2024"] and "2024" not in out and len(scanned) == 3
+
+
+def test_text_without_latin_digits_or_backticks_holds_no_span_unless_a_term_is_protected():
+    assert ALL.find("他在家里看书，很开心。") == []
+    assert [s.text for s in ALL.find("他在家里看书2本。")] == ["2"]
+    with_term = Detector(PASSTHROUGH_KINDS, terms=["北京大学"])
+    assert [(s.text, s.kind) for s in with_term.find("他在北京大学看书。")] == [("北京大学", "marked")]

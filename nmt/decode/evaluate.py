@@ -33,6 +33,7 @@ from nmt.decode.options import InferenceOptions
 from nmt.decode.translator import Translator
 from nmt.errors import NmtError
 from nmt.files import atomic_write_json, atomic_write_text
+from nmt.run.checkpoints import checkpoint_step
 
 # --------------------------------------------------------------------------- metrics
 
@@ -336,6 +337,14 @@ def markdown_report(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def model_line(report: dict[str, Any]) -> str:
+    """Which model the scores are of: its checkpoint, the update it was saved at (the step of a
+    checkpoint file, read from its header), and how it decoded."""
+    path, d = Path(report["checkpoint"]), report["decode"]
+    update = f" at update {checkpoint_step(path):,}" if path.is_file() else ""
+    return f"{path.name}{update}; beam {d['beam']}, {d['engine']} {d['precision']} on {d['device']}"
+
+
 def print_report(report: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     table = Table(title=f"{report['name']}: {Path(report['src']).name} → {Path(report['ref']).name}")
@@ -344,6 +353,7 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
     for row in _rows(report):
         table.add_row(*row)
     console.print(table)
+    console.print(model_line(report), highlight=False)
     console.print(passthrough.describe(report["passthrough"]), highlight=False)
     console.print(f"BLEU {report['bleu_signature']}", highlight=False)
     console.print(f"chrF {report['chrf_signature']}", highlight=False)

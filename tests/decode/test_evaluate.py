@@ -283,3 +283,19 @@ def test_read_lines_ignores_a_bom(tmp_path):
     path = tmp_path / "ref.en"
     path.write_bytes("\ufeff".encode() + b"I like cats.\nIt rains.\n")
     assert read_lines(path) == ["I like cats.", "It rains."]
+
+
+def test_the_model_line_names_the_checkpoint_its_update_and_the_decoding(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from nmt.decode.evaluate import model_line
+
+    path = tmp_path / "final.safetensors"
+    save_file({"w": np.zeros(2, dtype=np.float32)}, str(path), metadata={"step": "1080"})
+    decode = {"beam": 5, "engine": "native", "precision": "bf16", "device": "cpu"}
+    assert model_line({"checkpoint": str(path), "decode": decode}) == (
+        "final.safetensors at update 1,080; beam 5, native bf16 on cpu"
+    )
+    export = {"checkpoint": str(tmp_path), "decode": decode | {"engine": "ctranslate2"}}  # an export folder
+    assert model_line(export) == f"{tmp_path.name}; beam 5, ctranslate2 bf16 on cpu"

@@ -90,30 +90,45 @@ def select(run: Path) -> dict:
     return json.loads((run / "select.stamp.json").read_text(encoding="utf-8"))
 
 
-def last_lr(run: Path) -> float | None:
-    """The learning rate of the last logged update (train.log)."""
-    lr = None
+def from_log(run: Path) -> dict:
+    """What the run's train.log says of its training (`nmt train` writes no stamp; the pipeline
+    does): updates, epochs, mean tokens/s, the last learning rate, the best greedy validation
+    BLEU during training and its step."""
+    steps, rates, lr, epochs, best, best_step = 0, [], None, 0.0, 0.0, 0
     for line in (run / "train.log").read_text(encoding="utf-8").splitlines():
-        if " | lr " in line:
-            lr = float(line.split(" | lr ")[1].split(" |")[0])
-    return lr
+        fields = dict(f.strip().split(" ", 1) for f in line.split(" | ")[1:] if " " in f.strip())
+        if " step " in line and "lr" in fields and "valid step" not in line:
+            steps = int(line.split(" step ")[1].split(" |")[0])
+            lr, epochs = float(fields["lr"]), float(fields.get("epoch", epochs))
+            rates.append(float(fields["tokens_per_s"]))
+        elif "valid step" in line and " | best bleu " in line:
+            value, _, at = line.split(" | best bleu ")[1].partition(" @ ")
+            best, best_step = float(value), int(at)
+        elif " stopped: " in line and " at step " in line:
+            steps = int(line.split(" at step ")[1].split(" ")[0])
+    return {
+        "updates": steps,
+        "epochs": epochs,
+        "tokens_per_s": sum(rates) / max(len(rates), 1),
+        "last_lr": lr,
+        "best_greedy": best,
+        "best_step": best_step,
+    }
 
 
 def result(name: str, overrides: list[str], run: Path) -> dict:
-    summary = json.loads((run / "train.stamp.json").read_text(encoding="utf-8"))["summary"]
     chosen = select(run)
     return {
         "arm": name,
         "overrides": overrides,
-        "updates": summary["steps"],
-        "epochs": summary["epochs"],
-        "tokens_per_s": summary["tokens_per_s"],
-        "last_lr": last_lr(run),
-        "best_greedy": summary["best_bleu"],
-        "best_step": summary["best_step"],
+        **from_log(run),
         "chosen": chosen["chosen"],
         "valid_bleu": chosen["valid_bleu"][chosen["chosen"]],
     }
+
+
+def _log_text(run: Path) -> str:
+    return (run / "train.log").read_text(encoding="utf-8") if (run / "train.log").is_file() else ""
 
 
 def table(rows: list[dict]) -> str:
@@ -151,8 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     prepare(args.config, args.work / "prepared", args.mirror, log)
     for name, _ in args.arm:
         link_prepared(args.work / "prepared", args.work / name)
-    for start in range(0, len(args.arm), len(cores)):
-        round_ = args.arm[start : start + len(cores)]
+    todo = [arm for arm in args.arm if " stopped: " not in _log_text(args.work / arm[0])]  # trained before: kept
+    for start in range(0, len(todo), len(cores)):
+        round_ = todo[start : start + len(cores)]
         began = time.time()
         with ThreadPoolExecutor(len(round_)) as pool:
             jobs = [

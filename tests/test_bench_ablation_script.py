@@ -41,19 +41,23 @@ class FakeNmt:
         run = Path(args[args.index("--run") + 1])
         run.mkdir(parents=True, exist_ok=True)
         if args[0] == "download":
-            (run / "corpus").mkdir()
+            (run / "corpus").mkdir(exist_ok=True)
             (run / "corpus" / "train.zh").write_text("你好\n")
             (run / "download.stamp.json").write_text("{}")
         elif args[0] == "vocab":
-            (run / "vocab").mkdir()
+            (run / "vocab").mkdir(exist_ok=True)
             (run / "vocab" / "zh.model").write_bytes(b"model")
         else:
             sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
             lr = 0.0 if "train.schedule=budget-linear" in sets else 7e-4
             steps = 100 + len(sets)
-            summary = {"steps": steps, "epochs": 1.5, "tokens_per_s": 1500.0, "best_bleu": 20.0, "best_step": 90}
-            (run / "train.stamp.json").write_text(json.dumps({"summary": summary}))
-            (run / "train.log").write_text(f"step {steps} | loss 2.0 | lr {lr:.3e} | grad_norm 1\n")
+            t = "2026-12-03 14:00:00"
+            (run / "train.log").write_text(
+                f"{t} step 50 | loss 3.0 | lr 1.000e-03 | tokens_per_s 1000 | epoch 0.5\n"
+                f"{t} valid step 90 | loss 3.1 | bleu 20.0 | chrf 40.0 | best bleu 20.00 @ 90\n"
+                f"{t} step {steps} | loss 2.0 | lr {lr:.3e} | tokens_per_s 2000 | epoch 1.5\n"
+                f"{t} stopped: max_time at step {steps} (60 s of training-loop wall time)\n"
+            )
         return 0
 
 
@@ -85,8 +89,13 @@ def test_arms_share_one_preparation_and_train_one_per_core(tmp_path, monkeypatch
         ("ema", "averaged", 27.0),
     ]
     assert rows[1]["last_lr"] == 0.0 and rows[0]["last_lr"] == 7e-4
+    assert (rows[0]["updates"], rows[0]["epochs"], rows[0]["tokens_per_s"]) == (102, 1.5, 1500.0)
+    assert (rows[0]["best_greedy"], rows[0]["best_step"]) == (20.0, 90)
     out = capsys.readouterr().out
     assert "train.schedule=budget-linear" in out and "26.25" in out
+    calls = len(fake.calls)
+    assert bench.main([*arms, "--work", str(tmp_path), "--budget", "1m", "--mirror", "M"]) == 0
+    assert [args[0] for args, _ in fake.calls[calls:]] == ["download", "vocab"]  # trained arms are kept
 
 
 def test_arm_names_must_differ(tmp_path):

@@ -59,6 +59,9 @@ def train(
 ) -> None:
     """Train (or resume) the model of a run, preparing the corpus and vocabularies first where they are
     missing (finished stages are skipped). Resumes from the last checkpoint unless --restart."""
+    from nmt.hw.device import bound_kernel_cache
+
+    bound_kernel_cache()  # before any kernel, and inherited by torchrun's processes
     if nproc > 1 and "LOCAL_RANK" not in os.environ:
         from nmt.train.distributed import launch_with_torchrun
 
@@ -80,6 +83,9 @@ def pipeline(
     mirror: MirrorOpt = None,
 ) -> None:
     """download → vocab → train → average → eval in one command, skipping finished stages."""
+    from nmt.hw.device import bound_kernel_cache
+
+    bound_kernel_cache()
     cfg, run_dir = setup_run(config, set_, run)
     from nmt.pipeline import run_pipeline
 

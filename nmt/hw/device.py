@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 from collections.abc import Callable, Iterator
 
@@ -131,6 +132,19 @@ def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
     """A GradScaler that is enabled only for fp16 (disabled scalers pass everything through)."""
     check_precision(device, precision)
     return torch.amp.GradScaler(device.type, enabled=resolve_precision(device, precision) == "fp16")
+
+
+KERNEL_CACHE = "128"  # oneDNN primitives a training process keeps (oneDNN's own default: 1,024)
+
+
+def bound_kernel_cache() -> None:
+    """Cap oneDNN's primitive cache at KERNEL_CACHE primitives for this process and its children,
+    unless ONEDNN_PRIMITIVE_CACHE_CAPACITY is set. oneDNN keeps one primitive, with its packed
+    (bf16) weights, per distinct matmul shape; a trainer's batches come in many shapes, so its
+    anonymous memory grew with that cache for the whole run, while 128 kept the speed of the
+    default (docs/benchmarks-log.md). oneDNN reads the variable when it makes its first
+    primitive: call this before any kernel runs (the training commands do, first thing)."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", KERNEL_CACHE)
 
 
 def set_threads(n: int) -> None:

@@ -105,3 +105,33 @@ def test_candidates_are_timed_in_interleaved_rounds_and_a_hopeless_one_twice():
     assert len(times["fast"]) == 4 and len(times["slow"]) == 2 and order.count("slow") == 3
     assert min(times["slow"]) > host.HOPELESS * min(times["fast"])
     assert host.spread([1.0, 1.1, 3.0]) == pytest.approx(1.1) and host.spread([2.0]) == 1.0
+
+
+def test_the_kernel_cache_is_bounded_unless_the_user_set_it(monkeypatch):
+    import os
+
+    from nmt.hw.device import KERNEL_CACHE, bound_kernel_cache
+
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "x")  # recorded, so the test leaves os.environ as it was
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+    bound_kernel_cache()
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == KERNEL_CACHE
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "7")
+    bound_kernel_cache()
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "7"
+
+
+@pytest.mark.parametrize("command", ["train", "pipeline"])
+def test_the_training_commands_bound_it_before_anything_runs(command, monkeypatch, tmp_path):
+    """The cap is set first thing: before the run is set up (a bad config still leaves it set)."""
+    import os
+
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "x")  # recorded, so the test leaves os.environ as it was
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+    result = CliRunner().invoke(app, [command, "--config", str(tmp_path / "missing.yaml")])
+    assert result.exit_code != 0  # the missing config stops it, after the cap was set
+    assert os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY") == "128"

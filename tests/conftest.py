@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -147,6 +148,15 @@ def tiny_run(tmp_path_factory, mini_mirror) -> Path:
     run_dir = tmp_path_factory.mktemp("runs") / "tiny"
     pipeline_on_one_thread(load_config(ROOT / "configs" / "tiny.yaml", TINY_LEARNS), run_dir, mini_mirror)
     return run_dir
+
+
+@pytest.fixture(scope="module")
+def trained_run(tiny_run, tmp_path_factory) -> Path:
+    """A module's own copy of the trained tiny run (config, corpus, vocab, checkpoints; no eval/ or
+    export/), for tests that export or evaluate into it."""
+    run = tmp_path_factory.mktemp("copied") / "tiny"
+    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("eval", "export"))
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -62,9 +62,10 @@ def one_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def _recipe_rows(recipe: Recipe, split: HubSplit) -> Iterator[object]:
-    """`stream_rows` of a recipe's hub split: its config, or its Parquet files
-    (<data_dir>/<split>/*.parquet of a script dataset's conversion, with the revision)."""
+def hub_arguments(recipe: Recipe, split: HubSplit) -> tuple[str | None, dict]:
+    """(config name, keyword arguments) that `datasets` takes for a recipe's hub split: its config,
+    or its Parquet files (<data_dir>/<split>/*.parquet of a script dataset's conversion, with the
+    revision)."""
     kwargs = dict(recipe.hub_kwargs)
     if recipe.revision:
         kwargs["revision"] = recipe.revision
@@ -72,6 +73,12 @@ def _recipe_rows(recipe: Recipe, split: HubSplit) -> Iterator[object]:
     if recipe.data_dir:
         kwargs["data_files"] = {split.split: f"{recipe.data_dir}/{split.split}/*.parquet"}
         config = None
+    return config, kwargs
+
+
+def _recipe_rows(recipe: Recipe, split: HubSplit) -> Iterator[object]:
+    """`stream_rows` of a recipe's hub split (`hub_arguments`)."""
+    config, kwargs = hub_arguments(recipe, split)
     return stream_rows(recipe.hub or "", config, split.split, label=recipe.data_dir, **kwargs)
 
 

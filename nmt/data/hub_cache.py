@@ -110,13 +110,7 @@ def _resolve(recipe: Recipe, split: HubSplit) -> tuple[str, str, tuple[str, ...]
     when they are not all Parquet files of one hub commit."""
     import datasets
 
-    kwargs: dict = dict(recipe.hub_kwargs)
-    if recipe.revision:
-        kwargs["revision"] = recipe.revision
-    config = recipe.config
-    if recipe.data_dir:
-        kwargs["data_files"] = {split.split: f"{recipe.data_dir}/{split.split}/*.parquet"}
-        config = None
+    config, kwargs = hub.hub_arguments(recipe, split)
     builder = datasets.load_dataset_builder(recipe.hub, config, **kwargs)
     names = [str(f) for f in (builder.config.data_files or {}).get(split.split, [])]
     if not names:

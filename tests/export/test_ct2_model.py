@@ -29,14 +29,6 @@ from nmt.export import ct2_model, ct2_spec  # noqa: E402  (after the skip: only 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def trained_run(tiny_run, tmp_path_factory) -> Path:
-    """A copy of the trained tiny run (config, corpus, vocab, checkpoints; no eval/ or export/)."""
-    run = tmp_path_factory.mktemp("ct2-export") / "tiny"
-    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("eval", "export"))
-    return run
-
-
 def _lines(run: Path, name: str) -> list[str]:
     return (run / "corpus" / name).read_text(encoding="utf-8").splitlines()
 

@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 import torch
 from learning import TEST_SEED, assert_learned
+from toy_runs import Steps
 
 from nmt.config import Config, load_config
 from nmt.run import weights as ckpt
 from nmt.run.log import read_curves
 from nmt.train import loop, stopping
 from nmt.train.loop import fit
-from nmt.train.update import StepResult, Trainer
+from nmt.train.update import Trainer
 
 pytestmark = pytest.mark.slow
 
@@ -69,18 +70,6 @@ SYNTH = [
 
 def synth_config(*overrides: str) -> Config:
     return load_config(TINY, [*SYNTH, *overrides])
-
-
-class Collect:
-    def __init__(self) -> None:
-        self.results: list[StepResult] = []
-
-    def __call__(self, r: StepResult) -> None:
-        self.results.append(r)
-
-    @property
-    def losses(self) -> list[float]:
-        return [r.loss for r in self.results if not r.skipped]
 
 
 # --------------------------------------------------------------------------- end to end (synthetic)
@@ -137,9 +126,9 @@ def resume_config(steps: int, *extra: str) -> Config:
 def test_resume_continues_exactly(tmp_path):
     synthetic_run(tmp_path / "a", "reverse", n_train=150, n_valid=16)
     synthetic_run(tmp_path / "b", "reverse", n_train=150, n_valid=16)
-    full = Collect()
+    full = Steps()
     fit(resume_config(24), tmp_path / "a", on_step=full)
-    first, second = Collect(), Collect()
+    first, second = Steps(), Steps()
     fit(resume_config(12), tmp_path / "b", on_step=first)
     summary = fit(resume_config(24), tmp_path / "b", on_step=second)
     assert summary["steps"] == 24 and summary["epochs"] > 1  # crossed epoch boundaries
@@ -150,7 +139,7 @@ def test_resume_continues_exactly(tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert "resumed from" in (tmp_path / "b" / "train.log").read_text()
     # restart=True throws the checkpoints away and starts over
-    again = Collect()
+    again = Steps()
     fit(resume_config(6), tmp_path / "b", restart=True, on_step=again)
     assert again.losses == full.losses[:6]
     assert [s for s, _ in ckpt.step_checkpoints(tmp_path / "b" / "checkpoints")] == [6]
@@ -161,10 +150,10 @@ def test_prefetched_batches_train_bit_identically_and_save_the_same_position(tmp
     position in every checkpoint as batches built on use, also across a resume."""
     synthetic_run(tmp_path / "sync", "reverse", n_train=150, n_valid=16)
     synthetic_run(tmp_path / "ahead", "reverse", n_train=150, n_valid=16)
-    sync = Collect()
+    sync = Steps()
     fit(resume_config(18), tmp_path / "sync", on_step=sync)
     monkeypatch.setattr(loop, "PREFETCH_DEVICES", ("cpu",))
-    ahead = Collect()
+    ahead = Steps()
     fit(resume_config(12), tmp_path / "ahead", on_step=ahead)
     fit(resume_config(18), tmp_path / "ahead", on_step=ahead)
     assert ahead.losses == sync.losses and len(sync.losses) == 18
@@ -188,7 +177,7 @@ def test_the_loop_reads_back_only_at_log_evaluation_and_stop_points(tmp_path, mo
         flush(self)
 
     monkeypatch.setattr(Trainer, "flush", counted)
-    steps = Collect()
+    steps = Steps()
     fit(resume_config(14, "train.log_every=4", "train.eval_every=6"), tmp_path / "r", on_step=steps)
     # (provisional step, updates read back): log points 4, 8, 12; evaluations 6, 12; the stop at 14
     assert read_backs == [(4, 4), (6, 2), (8, 2), (12, 4), (14, 2)]
@@ -201,7 +190,7 @@ def test_resume_skips_a_partial_newest_checkpoint(tmp_path):
     fit(resume_config(12), run)
     d = run / "checkpoints"
     ckpt.state_path(d / "step_12.safetensors").unlink()  # weights present, state missing
-    steps = Collect()
+    steps = Steps()
     summary = fit(resume_config(18), run, on_step=steps)
     assert len(steps.results) == 12 and summary["steps"] == 18  # resumed from step 6
     assert "step_6.safetensors" in (run / "train.log").read_text()
@@ -255,7 +244,7 @@ def test_sigkill_mid_run_then_resume(tmp_path):
         assert ckpt.load_trainer_state(weights)["train"]["step"] == ckpt.checkpoint_step(weights)
     ckpt.load_weights(d / "best.safetensors")
     last = ckpt.checkpoint_step(ckpt.latest_checkpoint(d))
-    steps = Collect()
+    steps = Steps()
     summary = fit(resume_config(last + 4), run, on_step=steps)
     assert summary["steps"] == last + 4 and steps.results[0].step == last + 1
     assert f"resumed from {d / f'step_{last}.safetensors'}" in (run / "train.log").read_text()
@@ -308,7 +297,7 @@ def test_overfits_32_validation_pairs(tmp_path, any_mirror):
     write_split(run, "train", pairs)
     write_split(run, "valid", pairs)
 
-    steps = Collect()
+    steps = Steps()
     summary = fit(config, run, on_step=steps)
     assert_learned("overfit-32/final_loss", float(np.mean(steps.losses[-5:])), 0.05, above=False)
     assert_learned("overfit-32/valid_bleu", summary["valid_bleu"], 90)

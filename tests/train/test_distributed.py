@@ -60,12 +60,13 @@ from pathlib import Path
 sys.path[:0] = [{tests!r}, str(Path({tests!r}).parent)]  # test_train, and the learning helper it imports
 import torch
 from nmt.train import distributed as dist
-from test_train import Collect, synth_config
+from test_train import synth_config
+from toy_runs import Steps
 from nmt.train.loop import fit
 
 info, _ = dist.init_distributed(torch.device("cpu"))  # fit() joins the same group
 ranks = dist.all_reduce_sum(torch.tensor([float(info.rank)])).item()
-steps = Collect()
+steps = Steps()
 summary = fit(synth_config(*{overrides!r}), Path({run!r}), on_step=steps)
 if info.rank == 0:
     Path({out!r}).write_text(json.dumps({{"losses": steps.losses, "summary": summary, "ranks": ranks}}))
@@ -85,7 +86,8 @@ OVERRIDES = [
 
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to python")
 def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_path):
-    from test_train import Collect, synth_config, synthetic_run
+    from test_train import synth_config, synthetic_run
+    from toy_runs import Steps
 
     from nmt.train.loop import fit
 
@@ -104,7 +106,7 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_pat
     ddp = json.loads(out.read_text())
     assert ddp["ranks"] == 1.0 and ddp["summary"]["steps"] == 8
 
-    single = Collect()
+    single = Steps()
     fit(synth_config(*OVERRIDES, "train.update_freq=2"), tmp_path / "single", on_step=single)
     assert len(ddp["losses"]) == len(single.losses) == 8
     for a, b in zip(ddp["losses"], single.losses, strict=True):
@@ -132,7 +134,8 @@ def test_a_run_saved_on_two_ranks_resumes_exactly_on_one(tmp_path):
     """Two ranks train 4 updates (a checkpoint mid-epoch), one process (the same global batch:
     update_freq 2) trains on from it: the updates after the checkpoint are those of an uninterrupted
     single-process run, because the rest of the epoch is shared out anew, not dropped."""
-    from test_train import Collect, synth_config, synthetic_run
+    from test_train import synth_config, synthetic_run
+    from toy_runs import Steps
 
     from nmt.train.loop import fit
 
@@ -141,7 +144,7 @@ def test_a_run_saved_on_two_ranks_resumes_exactly_on_one(tmp_path):
     first = run_ddp(tmp_path, tmp_path / "ddp", [*OVERRIDES, "train.update_freq=1", "train.max_steps=4",
                                                  "train.eval_every=4"])  # fmt: skip
     assert first["summary"]["steps"] == 4
-    resumed, single = Collect(), Collect()
+    resumed, single = Steps(), Steps()
     fit(synth_config(*OVERRIDES, "train.update_freq=2"), tmp_path / "ddp", on_step=resumed)
     fit(synth_config(*OVERRIDES, "train.update_freq=2"), tmp_path / "single", on_step=single)
     assert len(resumed.losses) == 4 and len(single.losses) == 8

@@ -155,6 +155,9 @@ class TrainConfig:
     # SentencePiece subword sampling of the training pairs (unigram vocab): re-encode each pair
     # with sampling, this alpha (smaller = more varied segmentations, e.g. 0.1-0.5)
     subword_alpha: float = 0.0
+    # concatenation augmentation (nmt/data/concat.py): this fraction of extra training pairs, each two
+    # random pairs of the corpus joined (source after source, target after target), drawn once per run
+    concat_pairs: float = 0.0
     clip_norm: float = 1.0  # 0 disables clipping
     max_len: int = 256  # pairs with a longer side (in pieces) are skipped
     max_steps: int = 0  # 0 = no limit
@@ -300,7 +303,7 @@ def stamp_sections(config: Config) -> dict[str, dict]:
     return {**sections, "data": data, "vocab": vocab, "model": model, "train": train}
 
 
-_REGULARISERS = ("src_word_dropout", "rdrop_alpha", "ema_decay", "subword_alpha")  # train keys, 0 = off
+_REGULARISERS = ("src_word_dropout", "rdrop_alpha", "ema_decay", "subword_alpha", "concat_pairs")  # 0 = off
 
 
 def _direction_from_languages(data: dict, source: str) -> dict:
@@ -399,6 +402,7 @@ def _check_train(t: TrainConfig, m: ModelConfig, need: Need) -> None:
     need(t.clip_norm >= 0, "train.clip_norm", "must be >= 0")
     need(0.0 <= t.src_word_dropout < 1.0, "train.src_word_dropout", f"{t.src_word_dropout} is outside [0, 1)")
     need(t.rdrop_alpha >= 0, "train.rdrop_alpha", "must be >= 0")
+    need(0.0 <= t.concat_pairs <= 1.0, "train.concat_pairs", f"{t.concat_pairs} is outside [0, 1] (0 = off)")
     need(0.0 <= t.ema_decay < 1.0, "train.ema_decay", f"{t.ema_decay} is outside [0, 1) (0 = off)")
     need(0.0 <= t.subword_alpha <= 1.0, "train.subword_alpha", f"{t.subword_alpha} is outside [0, 1] (0 = off)")
     need(t.max_len >= 2, "train.max_len", "must be at least 2")

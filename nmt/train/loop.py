@@ -46,6 +46,7 @@ from torch import nn
 
 from nmt.config import Config
 from nmt.data.batching import Batch, Prefetcher, WindowSampler, collate, load_batch
+from nmt.data.concat import ConcatenatedPairs
 from nmt.data.subword_sampling import SubwordSampler
 from nmt.data.vocab import check_vocab_copied
 from nmt.hw.device import check_precision, describe, resolve_device, resolve_precision, set_threads
@@ -189,6 +190,8 @@ class TrainData:
 
         t = config.train
         dataset = ParallelSplit.open(run_dir, "train", config)
+        if t.concat_pairs > 0:
+            dataset = ConcatenatedPairs(dataset, t.concat_pairs, t.seed)
         sampler = WindowSampler(
             dataset, t.max_tokens, t.max_len, seed=t.seed, rank=info.rank, world_size=info.world_size
         )

@@ -176,6 +176,7 @@ def test_rdrop_trains_the_transformer_on_its_packed_logits(tmp_path):
         ("train.rdrop_alpha=-1", "train.rdrop_alpha: must be >= 0"),
         ("train.ema_decay=1.0", "train.ema_decay: 1.0 is outside"),
         ("train.subword_alpha=2", "train.subword_alpha: 2.0 is outside"),
+        ("train.concat_pairs=1.5", "train.concat_pairs: 1.5 is outside"),
         ("model.activation_dropout=-0.1", "model.activation_dropout: -0.1 is outside"),
     ],
 )

@@ -10,6 +10,7 @@ exp(1 - 1/ratio) over the whole set when the ratio is below 1).
 from __future__ import annotations
 
 import argparse
+from itertools import pairwise
 from pathlib import Path
 
 EDGES = (3, 6, 9, 12, 15)  # a bucket holds references of [edge, next edge) words; the last is open
@@ -28,7 +29,7 @@ def ratios(hyps: list[str], refs: list[str]) -> list[tuple[str, int, float]]:
     for h, r in zip(hyps, refs, strict=True):
         t = totals[bucket(len(r.split()))]
         t[0], t[1], t[2] = t[0] + 1, t[1] + len(h.split()), t[2] + len(r.split())
-    labels = [f"< {EDGES[0]}", *(f"{a}-{b - 1}" for a, b in zip(EDGES, EDGES[1:])), f">= {EDGES[-1]}"]
+    labels = [f"< {EDGES[0]}", *(f"{a}-{b - 1}" for a, b in pairwise(EDGES)), f">= {EDGES[-1]}"]
     return [(label, n, hw / rw) for label, (n, hw, rw) in zip(labels, totals, strict=True) if n and rw]
 
 

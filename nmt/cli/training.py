@@ -126,9 +126,13 @@ def summary(
 def plot(
     run: RunOpt = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Directory (default <run>/plots).")] = None,
+    compare: Annotated[
+        list[Path] | None,
+        typer.Option("--compare", help="Another run drawn on the same axes (repeatable), e.g. ablation arms."),
+    ] = None,
 ) -> None:
     """Write a run's training curves (loss, validation BLEU, lr, tokens/s) as PNG files."""
     from nmt.serve.plot import plot_run
 
-    for path in plot_run(existing_run(run), output):
+    for path in plot_run(existing_run(run), output, compare or ()):
         typer.echo(f"wrote {path}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,32 +40,46 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def _draw_series(ax: Any, series: Series, title: str, unit: str) -> None:
-    ax.plot(series.steps, series.values, marker="o" if len(series.steps) < 30 else None, markersize=3)
+def _draw_series(ax: Any, runs: dict[str, Series], title: str, unit: str) -> None:
+    """One axis: a line per run (legend by run name when there are several)."""
+    for name, series in runs.items():
+        marker = "o" if len(series.steps) < 30 else None
+        ax.plot(series.steps, series.values, marker=marker, markersize=3, label=name)
+    if len(runs) > 1:
+        ax.legend(fontsize="small")
     ax.set_title(title)
     ax.set_xlabel("step")
     ax.set_ylabel(unit)
     ax.grid(alpha=0.3)
 
 
-def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
-    """Write the run's training curves as PNGs into `out_dir` (default `<run>/plots`); returns the files."""
-    run_dir = require_run(run_dir)
-    curves = read_curves(run_dir)
-    if not curves:
-        raise NmtError(f"{run_dir / 'tb'}: no training scalars recorded (train the run first)")
-    out_dir = Path(out_dir) if out_dir is not None else run_dir / "plots"
+def plot_run(run_dir: Path, out_dir: Path | None = None, compare: Sequence[Path] = ()) -> list[Path]:
+    """Write the run's training curves as PNGs into `out_dir` (default `<run>/plots`); returns the files.
+
+    `compare`: other runs drawn on the same axes (a line per run, named by its directory), e.g.
+    the arms of an ablation; a curve is drawn where any of the runs recorded it."""
+    dirs = [require_run(d) for d in (run_dir, *compare)]
+    names = [d.resolve().name for d in dirs]
+    if len(set(names)) < len(names):
+        raise NmtError(f"nmt plot: two runs named alike among {[str(d) for d in dirs]} (legend by folder name)")
+    runs = dict(zip(names, map(read_curves, dirs), strict=True))
+    for d, curves in zip(dirs, runs.values(), strict=True):
+        if not curves:
+            raise NmtError(f"{d / 'tb'}: no training scalars recorded (train the run first)")
+    tags = list(dict.fromkeys(tag for curves in runs.values() for tag in curves))
+    by_tag = {tag: {name: c[tag] for name, c in runs.items() if tag in c} for tag in tags}
+    out_dir = Path(out_dir) if out_dir is not None else dirs[0] / "plots"
     plt = _pyplot()
-    main = [m for m in MAIN_CURVES if m[0] in curves]
+    main = [m for m in MAIN_CURVES if m[0] in by_tag]
     written = []
     if main:
         fig, axes = plt.subplots(len(main), 1, figsize=(7, 2.6 * len(main)), squeeze=False)
         for ax, (tag, title, unit) in zip(axes[:, 0], main, strict=True):
-            _draw_series(ax, curves[tag], title, unit)
-        fig.suptitle(f"{run_dir.resolve().name}: training")
+            _draw_series(ax, by_tag[tag], title, unit)
+        fig.suptitle(f"{' vs '.join(runs)}: training")
         fig.tight_layout()
         written.append(_save(fig, out_dir / "curves.png"))
-    for tag, series in curves.items():
+    for tag, series in by_tag.items():
         fig, ax = plt.subplots(figsize=(6, 3.2))
         _draw_series(ax, series, tag, tag.split("/")[-1])
         written.append(_save(fig, out_dir / f"{tag.replace('/', '_')}.png"))

@@ -111,3 +111,48 @@ def test_translate_attention_reads_stdin_and_refuses_nbest(run, tmp_path):
     assert sorted(p.name for p in (tmp_path / "maps").iterdir()) == ["1.png", "2.png"]  # invalid UTF-8 → U+FFFD
     refused = CliRunner().invoke(app, [*args, "--nbest", "2", "我们九点见。"])
     assert refused.exit_code == 1 and "drop --nbest" in refused.output
+
+
+def _logged_run(path: Path, bleu: list[float], lr: bool = True) -> Path:
+    """A run directory whose tb/ holds what training would log: loss, validation BLEU (and lr)."""
+    from nmt.run.log import RunLogWriter
+
+    writer = RunLogWriter(path)
+    for i, value in enumerate(bleu):
+        writer.scalars("train", {"loss": 5.0 - i, **({"lr": 1e-3 / (i + 1)} if lr else {})}, step=100 * (i + 1))
+        writer.scalars("valid", {"bleu": value}, step=100 * (i + 1))
+    writer.close()
+    return path
+
+
+def test_compared_runs_share_each_axis_with_a_line_per_run(tmp_path, monkeypatch):
+    from nmt.serve import plot
+
+    a = _logged_run(tmp_path / "budget", [1.0, 5.0, 9.0])
+    b = _logged_run(tmp_path / "baseline", [2.0, 4.0], lr=False)
+    drawn: dict[str, dict[str, list[float]]] = {}
+    draw = plot._draw_series
+    monkeypatch.setattr(
+        plot,
+        "_draw_series",
+        lambda ax, runs, title, unit: (
+            drawn.update({title: {n: s.values for n, s in runs.items()}}) or draw(ax, runs, title, unit)
+        ),
+    )
+    result = CliRunner().invoke(app, ["plot", "-r", str(a), "--compare", str(b), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert drawn["valid/bleu"] == {"budget": [1.0, 5.0, 9.0], "baseline": [2.0, 4.0]}
+    assert drawn["validation BLEU (greedy)"] == drawn["valid/bleu"]
+    assert set(drawn["train/lr"]) == {"budget"}  # a curve only one run recorded: that run's line alone
+    assert (tmp_path / "out" / "curves.png").read_bytes().startswith(PNG)
+
+
+def test_compared_runs_must_have_curves_and_distinct_names(tmp_path):
+    from nmt.serve.plot import plot_run
+
+    a = _logged_run(tmp_path / "x" / "arm", [1.0])
+    with pytest.raises(NmtError, match="named alike"):
+        plot_run(a, tmp_path / "out", [_logged_run(tmp_path / "y" / "arm", [2.0])])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(NmtError, match="empty/tb: no training scalars"):
+        plot_run(a, tmp_path / "out", [tmp_path / "empty"])

@@ -41,7 +41,7 @@ class ConcatenatedPairs:
     def __init__(self, dataset, fraction: float, seed: int) -> None:
         if not 0 < fraction <= 1:
             raise NmtError(f"train.concat_pairs: {fraction} must be in (0, 1]")
-        self.dataset, self.fraction, self.seed = dataset, fraction, seed
+        self.dataset, self.seed = dataset, seed
         self.base = np.asarray(dataset.window_bounds(), dtype=np.int64)  # (S+1,) the split's own bounds
         own = np.diff(self.base)
         self.extra = np.where(own >= 2, np.floor(own * fraction), 0).astype(np.int64)  # (S,)

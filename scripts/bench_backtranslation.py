@@ -16,12 +16,15 @@ see the same machine for the same minutes:
 
 With --reverse-run the second arm is the cached one (plain ‖ cached); otherwise plain ‖ recipe,
 then, with --cached-too, the cached arm on the recipe's reverse model alone (one more budget).
+`--arms` names the arms to run instead (two at a time, in the order given): `--arms recipe`
+runs the recipe alone, `--arms cached` reuses the reverse model of an earlier recipe in OUT.
 Afterwards (outside the budget, one core per arm) every forward run goes through `nmt pipeline`
 (checkpoint chosen on validation, then the Tatoeba test) and newstest2018. Prints one table with
 a row per arm; docs/BENCHMARKS.md keeps the figures.
 
     python scripts/bench_backtranslation.py --budget 40 --reverse 15 --cached-too
     python scripts/bench_backtranslation.py --budget 40 --reverse-run runs/small-enzh
+    python scripts/bench_backtranslation.py --budget 40 --reverse 15 --arms recipe
     python scripts/bench_backtranslation.py --budget 2 --reverse 0.5 --mono-lines 300 --min-valid-bleu 0  # smoke
 """
 
@@ -37,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+ARMS = ("plain", "recipe", "cached")
 REFUSED = "is below the floor"  # how `nmt backtranslate` says a reverse model is too weak
 
 
@@ -156,24 +160,47 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-repeat-ngram", type=int, default=3, help="nmt backtranslate --no-repeat-ngram")
     p.add_argument("--min-valid-bleu", type=float, default=10.0, help="nmt backtranslate --min-valid-bleu")
     p.add_argument("--no-pin", action="store_true", help="do not pin each arm to one core")
+    p.add_argument("--arms", type=arm_list, help=f"the arms to run, comma-separated ({', '.join(ARMS)})")
     a = p.parse_args(argv)
     if a.reverse_run is not None and not (a.reverse_run / "config.yaml").is_file():
         p.error(f"--reverse-run {a.reverse_run}: not a run directory (no config.yaml)")
     if a.reverse_run is not None and a.cached_too:
         p.error("--cached-too reuses the recipe's reverse model; --reverse-run already makes the second arm cached")
+    if a.arms is not None and a.cached_too:
+        p.error("--cached-too and --arms: name the cached arm in --arms instead")
+    if a.arms is None:
+        a.arms = ["plain", "cached" if a.reverse_run else "recipe"] + (["cached"] if a.cached_too else [])
+    if "cached" in a.arms and a.reverse_run is None and "recipe" not in a.arms:
+        if not (a.out / "enzh" / "config.yaml").is_file():
+            p.error(f"--arms cached needs --reverse-run or a recipe's reverse model in {a.out / 'enzh'} (none there)")
+        a.reverse_run = a.out / "enzh"
     return a
 
 
+def arm_list(text: str) -> list[str]:
+    """`plain,recipe` → ["plain", "recipe"]: known names, each once."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ARMS]
+    if not names or unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: a comma-separated list of distinct arms from {', '.join(ARMS)}")
+    return names
+
+
 def run_arms(a: argparse.Namespace) -> list[dict]:
-    """The arms, two at a time on cores 0 and 1 (see the module docstring)."""
+    """The arms of `a.arms`, two at a time on cores 0 and 1 (see the module docstring); a cached
+    arm that needs this run's recipe waits for it and then runs alone."""
     cores = (None, None) if a.no_pin else (0, 1)
-    second = (lambda core: cached_arm(a, core, a.reverse_run, a.out / "bt-cached-corpus")) if a.reverse_run else None
-    with ThreadPoolExecutor(2) as pool:
-        jobs = [pool.submit(plain_arm, a, cores[0]), pool.submit(second or (lambda c: recipe_arm(a, c)), cores[1])]
-        arms = [j.result() for j in jobs]
-    if a.cached_too:
-        recipe = arms[1]
-        arms.append(cached_arm(a, cores[0], recipe["reverse"], recipe["bt"]))
+    after_recipe = "cached" in a.arms and "recipe" in a.arms and a.reverse_run is None
+    first = [name for name in a.arms if not (after_recipe and name == "cached")]
+    done: dict[str, dict] = {}
+    for i in range(0, len(first), 2):
+        pair = first[i : i + 2]
+        with ThreadPoolExecutor(2) as pool:
+            jobs = [pool.submit(start_arm, a, name, core) for name, core in zip(pair, cores[: len(pair)], strict=True)]
+            done |= {name: job.result() for name, job in zip(pair, jobs, strict=True)}
+    if after_recipe:
+        done["cached"] = cached_arm(a, cores[0], done["recipe"]["reverse"], done["recipe"]["bt"])
+    arms = [done[name] for name in a.arms]
     with ThreadPoolExecutor(2) as pool:
         scored = [arm for arm in arms if arm["run"] is not None]
         core_of = [cores[i % 2] for i in range(len(scored))]
@@ -182,6 +209,17 @@ def run_arms(a: argparse.Namespace) -> list[dict]:
         for arm, report in zip(scored, news, strict=True):
             arm["newstest"] = report
     return arms
+
+
+def start_arm(a: argparse.Namespace, name: str, core: int | None) -> dict:
+    """Run the arm called `name` on `core` (a cached arm on --reverse-run's model; on an earlier
+    recipe's, its back-translation is reused)."""
+    if name == "plain":
+        return plain_arm(a, core)
+    if name == "recipe":
+        return recipe_arm(a, core)
+    corpus = a.out / ("bt" if a.reverse_run == a.out / "enzh" else "bt-cached-corpus")
+    return cached_arm(a, core, a.reverse_run, corpus)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -108,3 +108,35 @@ def test_a_refused_reverse_model_leaves_plain_training_for_the_time_left(mirror,
     bench.main(["--budget", "1", "--mirror", str(mirror), "--out", str(tmp_path / "out"), "--no-pin"])
     assert "configs/small.yaml" in fake.pipelines()["bt-forward"]
     assert "(reverse refused: plain)" in capsys.readouterr().out
+
+
+def test_arms_runs_only_the_arms_named(mirror, tmp_path, monkeypatch, capsys):
+    fake = FakeNmt()
+    monkeypatch.setattr(bench, "nmt", fake)
+    out = tmp_path / "out"
+    bench.main(["--budget", "1", "--mirror", str(mirror), "--out", str(out), "--no-pin", "--arms", "recipe"])
+    assert set(fake.pipelines()) == {"bt-forward"}  # no plain twin trained
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| back-translation")]
+    assert len(rows) == 1
+    (out / "enzh").mkdir(parents=True, exist_ok=True)
+    (out / "enzh" / "config.yaml").write_text("name: enzh\n")
+    fake.calls.clear()
+    bench.main(["--budget", "1", "--mirror", str(mirror), "--out", str(out), "--no-pin", "--arms", "cached"])
+    assert set(fake.pipelines()) == {"bt-cached"}
+    bt = next(args for args in fake.calls if args[0] == "backtranslate")
+    assert bt[bt.index("-r") + 1] == str(out / "enzh") and bt[bt.index("-o") + 1] == str(out / "bt")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--arms", "plain,beam"], "distinct arms"),
+        (["--arms", "plain,plain"], "distinct arms"),
+        (["--arms", "plain", "--cached-too"], "name the cached arm"),
+        (["--arms", "cached"], "needs --reverse-run"),
+    ],
+)
+def test_arms_errors(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit):
+        bench.parse_args([*argv, "--out", str(tmp_path / "empty")])
+    assert message in capsys.readouterr().err

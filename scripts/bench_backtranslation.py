@@ -170,8 +170,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--cached-too and --arms: name the cached arm in --arms instead")
     if a.arms is None:
         a.arms = ["plain", "cached" if a.reverse_run else "recipe"] + (["cached"] if a.cached_too else [])
-    if "cached" in a.arms and a.reverse_run is None and "recipe" not in a.arms:
-        if not (a.out / "enzh" / "config.yaml").is_file():
+    if "cached" in a.arms and a.reverse_run is None:  # the recipe's reverse model: this run's or an earlier one's
+        if "recipe" not in a.arms and not (a.out / "enzh" / "config.yaml").is_file():
             p.error(f"--arms cached needs --reverse-run or a recipe's reverse model in {a.out / 'enzh'} (none there)")
         a.reverse_run = a.out / "enzh"
     return a
@@ -190,7 +190,7 @@ def run_arms(a: argparse.Namespace) -> list[dict]:
     """The arms of `a.arms`, two at a time on cores 0 and 1 (see the module docstring); a cached
     arm that needs this run's recipe waits for it and then runs alone."""
     cores = (None, None) if a.no_pin else (0, 1)
-    after_recipe = "cached" in a.arms and "recipe" in a.arms and a.reverse_run is None
+    after_recipe = "cached" in a.arms and "recipe" in a.arms and a.reverse_run == a.out / "enzh"
     first = [name for name in a.arms if not (after_recipe and name == "cached")]
     done: dict[str, dict] = {}
     for i in range(0, len(first), 2):
@@ -199,7 +199,7 @@ def run_arms(a: argparse.Namespace) -> list[dict]:
             jobs = [pool.submit(start_arm, a, name, core) for name, core in zip(pair, cores[: len(pair)], strict=True)]
             done |= {name: job.result() for name, job in zip(pair, jobs, strict=True)}
     if after_recipe:
-        done["cached"] = cached_arm(a, cores[0], done["recipe"]["reverse"], done["recipe"]["bt"])
+        done["cached"] = start_arm(a, "cached", cores[0])
     arms = [done[name] for name in a.arms]
     with ThreadPoolExecutor(2) as pool:
         scored = [arm for arm in arms if arm["run"] is not None]

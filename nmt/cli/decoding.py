@@ -141,7 +141,9 @@ def export(
     format_: Annotated[
         str,
         typer.Option(
-            "--format", help="ctranslate2 | argos (an .argosmodel for Argos Translate); needs nmt[ctranslate2]"
+            "--format",
+            help="ctranslate2 | argos (an .argosmodel for Argos Translate), both need nmt[ctranslate2] | "
+            "transformers (a Hugging Face folder; needs nmt[transformers])",
         ),
     ] = "ctranslate2",
     quantization: Annotated[
@@ -149,11 +151,17 @@ def export(
     ] = None,
     output: Annotated[
         Path | None,
-        typer.Option("--output", "-o", help="Default: <run>/export/ct2-... (argos: <run>/export/argos-....argosmodel)"),
+        typer.Option(
+            "--output",
+            "-o",
+            help="Default: <run>/export/ct2-... (argos: <run>/export/argos-....argosmodel; transformers: "
+            "<run>/export/hf-<checkpoint>)",
+        ),
     ] = None,
 ) -> None:
-    """Export a run's model for another inference engine: CTranslate2 (with both vocabularies), or an
-    Argos Translate package (.argosmodel, for Argos Translate and LibreTranslate)."""
+    """Export a run's model for another inference engine: CTranslate2 (with both vocabularies), an
+    Argos Translate package (.argosmodel, for Argos Translate and LibreTranslate), or a Hugging Face
+    transformers folder (AutoModelForSeq2SeqLM, AutoTokenizer, pipeline("translation"))."""
     from nmt.export.ct2_model import ExportOptions
     from nmt.export.formats import export as write_export
 

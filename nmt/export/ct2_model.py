@@ -38,7 +38,7 @@ try:
 except ImportError:  # the optional extra is not installed
     ctranslate2 = None
 
-EXPORT_FORMATS = ("ctranslate2", "argos")  # dispatched by nmt/export/formats.py
+EXPORT_FORMATS = ("ctranslate2", "argos", "transformers")  # dispatched by nmt/export/formats.py
 MANIFEST = "manifest.json"
 EXPORT_REVISION = 1  # bump when the layout of an export changes (stale caches are rebuilt)
 INSTALL_HINT = "pip install 'nmt[ctranslate2]'"

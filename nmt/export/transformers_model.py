@@ -27,13 +27,15 @@ and biases, LayerNorms, the output projection). LayerNorm and attention do not d
 order of the model dimension, so the permuted model computes the same function, and HF's own
 position table (recomputed at load) is nmt's. Learned positions are permuted the same way.
 
-Vocabularies. Pegasus has one `vocab_size` and, with `tie_word_embeddings: true`, ties the
-encoder, decoder and output embeddings into one table; the export sets it to false (transformers
-5 then ties nothing), so `model.encoder.embed_tokens` holds the zh table and
-`model.decoder.embed_tokens` and `lm_head` the en one (both: nmt's tied table). Ids are nmt's ids
-on both sides; the smaller table is padded with zero rows to `vocab_size = max(Vs, Vt)`, and
-`final_logits_bias` is -inf on output rows past the target vocabulary (they are never generated;
-the softmax over the real rows is unchanged). Marian keeps both sizes and nmt's tying as they are.
+Vocabularies. Pegasus has one input table for encoder and decoder (transformers 4 always ties
+them; 5 unties them with `tie_word_embeddings: false`, which would make an export for one version
+load wrongly in the other). So the export stacks both: rows [0, Vt) are nmt's target (en) table,
+rows [Vt, Vt + Vs) its source (zh) table, and the source ids the tokenizer writes are shifted by
+Vt (`source_ids`), except PAD, BOS and EOS, which keep ids 0, 2, 3 on both sides: row 3 holds the
+source's EOS embedding (the decoder never reads a target EOS). `tie_word_embeddings: false` and
+`lm_head` (Vt + Vs rows: nmt's output projection, then zeros) with `final_logits_bias` -inf on the
+source rows: they are never generated, and the softmax over the target rows is nmt's. Marian keeps
+the two vocabularies (`share_encoder_decoder_embeddings: false`) and nmt's tying as they are.
 
 Decoding. generation_config.json carries nmt's settings where transformers has them: decoder start
 BOS (2), EOS 3, PAD 0, `suppress_tokens` PAD and BOS (nmt never generates them; applied after the
@@ -45,8 +47,9 @@ nmt's per-sentence length limit floor(max_len_a * src_len + max_len_b) has no co
 
 Tokenizer: `MarianTokenizer` with `separate_vocabs`: source.spm (the run's zh SentencePiece model
 with nmt's NFKC and Traditional→Simplified compiled into its normaliser, `nmt.export.argos.source_model`),
-target.spm (the en model), vocab.json / target_vocab.json (piece → nmt id); it appends EOS to the
-source as nmt does. What differs from `nmt translate` is in docs/export.md and the folder's README.md.
+target.spm (the en model), vocab.json (piece → `source_ids`) / target_vocab.json (piece → nmt id);
+it appends EOS to the source as nmt does. What differs from `nmt translate` is in docs/export.md
+and the folder's README.md.
 
 Folder: config.json, generation_config.json, model.safetensors, the tokenizer files, README.md
 (model card), manifest.json (run, checkpoint, step, config, versions).
@@ -189,26 +192,31 @@ def _ffn(w: _Weights, hf: str, nmt_name: str) -> None:
 def convert_state(state: dict[str, Tensor], cfg: ModelConfig, src_vocab: int, tgt_vocab: int) -> dict[str, Tensor]:
     """nmt's state dict → the state dict of `hf_class(cfg)` (HF names, permuted model dimension).
 
-    Pegasus (pre-norm): encoder/decoder tables and `lm_head` of `max(src_vocab, tgt_vocab)` rows,
-    `model.shared` a copy of the decoder's (what `get_input_embeddings` returns; unused by forward),
-    `final_logits_bias` (1, V) -inf past the target vocabulary. Marian (post-norm): the tables at
-    their own sizes, `lm_head` written only when untied. Every nmt entry must be used.
+    Pegasus (pre-norm): one input table of Vt + Vs rows (`merged_table`) under every name
+    transformers 4 or 5 may read it from (`model.shared`, the encoder's and decoder's
+    `embed_tokens`), `lm_head` (Vt + Vs, D) with nmt's output rows first, `final_logits_bias`
+    (1, Vt + Vs) -inf past the target rows. Marian (post-norm): the two tables at their own sizes
+    (`lm_head` is the decoder's table when tied). Every nmt entry must be used.
     """
     import torch
 
     check_exportable(cfg)
     D, pegasus = cfg.d_model, cfg.norm == "pre"
     w = _Weights(state, cfg)
-    src_rows, tgt_rows = (max(src_vocab, tgt_vocab),) * 2 if pegasus else (src_vocab, tgt_vocab)
-    w.table("model.encoder.embed_tokens.weight", w.take("src_embed.weight"), src_rows)
-    w.table("model.decoder.embed_tokens.weight", w.take("tgt_embed.weight"), tgt_rows)
-    out = w.take("tgt_embed.weight") if cfg.tie_embeddings else w.take("output_proj.weight")
+    src_table, tgt_table = w.take("src_embed.weight"), w.take("tgt_embed.weight")
+    out = tgt_table if cfg.tie_embeddings else w.take("output_proj.weight")
     if pegasus:
-        w.table("model.shared.weight", w.take("tgt_embed.weight"), tgt_rows)
-        w.table("lm_head.weight", out, tgt_rows)
-    elif not cfg.tie_embeddings:
-        w.table("lm_head.weight", out, tgt_rows)
-    bias = torch.zeros(1, tgt_rows)
+        rows = tgt_vocab + src_vocab
+        merged = torch.cat([tgt_table, src_table])  # (Vt + Vs, D)
+        merged[EOS_ID] = src_table[EOS_ID]  # the source's EOS; the decoder never reads the target's
+        for name in ("model.shared", "model.encoder.embed_tokens", "model.decoder.embed_tokens"):
+            w.table(f"{name}.weight", merged, rows)
+    else:
+        rows = tgt_vocab
+        w.table("model.encoder.embed_tokens.weight", src_table, src_vocab)
+        w.table("model.decoder.embed_tokens.weight", tgt_table, tgt_vocab)
+    w.table("lm_head.weight", out, rows)  # Marian, tied: the same parameter as the decoder's table
+    bias = torch.zeros(1, rows)
     bias[0, tgt_vocab:] = float("-inf")
     w.out["final_logits_bias"] = bias
     for side, nmt_side in (("encoder", "src"), ("decoder", "tgt")):
@@ -263,7 +271,7 @@ def hf_config(cfg: ModelConfig, src_vocab: int, tgt_vocab: int) -> Any:
         "forced_eos_token_id": None,
     }
     if cfg.norm == "pre":
-        return tf.PegasusConfig(vocab_size=max(src_vocab, tgt_vocab), tie_word_embeddings=False, **common)
+        return tf.PegasusConfig(vocab_size=tgt_vocab + src_vocab, tie_word_embeddings=False, **common)
     return tf.MarianConfig(
         vocab_size=src_vocab,
         decoder_vocab_size=tgt_vocab,
@@ -296,6 +304,18 @@ def generation_config(config: Config) -> Any:
 # --------------------------------------------------------------------------- tokenizer
 
 
+def source_ids(cfg: ModelConfig, src_vocab: int, tgt_vocab: int) -> list[int]:
+    """(Vs,) the exported model's id of each nmt source id. Marian: the same. Pegasus (one input
+    table, `convert_state`): Vt + i, except PAD, BOS and EOS, which keep the target's ids 0, 2, 3
+    (row 3 holds the source's EOS), so that the tokenizer's special ids (read from the source
+    vocabulary) are the ids generation writes and `skip_special_tokens` drops; UNK stays Vt + 1
+    (the decoder may read the target's UNK at row 1)."""
+    if cfg.norm != "pre":
+        return list(range(src_vocab))
+    shared = {PAD_ID, BOS_ID, EOS_ID}
+    return [i if i in shared else tgt_vocab + i for i in range(src_vocab)]
+
+
 def _piece_ids(model: Path | bytes) -> dict[str, int]:
     """piece → id of a SentencePiece model (a vocab.json of MarianTokenizer)."""
     import sentencepiece as spm
@@ -310,7 +330,7 @@ def _piece_ids(model: Path | bytes) -> dict[str, int]:
 
 def write_tokenizer(src: ExportSource, out: Path) -> None:
     """MarianTokenizer files into `out`: source.spm with nmt's normalisation compiled in, target.spm,
-    vocab.json / target_vocab.json (nmt's ids), tokenizer_config.json."""
+    vocab.json (piece → `source_ids`) / target_vocab.json (piece → nmt's id), tokenizer_config.json."""
     from nmt.export.argos import source_model
 
     tf = require_transformers()
@@ -318,7 +338,9 @@ def write_tokenizer(src: ExportSource, out: Path) -> None:
     (out / "source.spm").write_bytes(source)
     shutil.copyfile(src.tgt_model, out / "target.spm")
     vocabs = _piece_ids(source), _piece_ids(src.tgt_model)
-    for name, vocab in zip(("vocab.json", "target_vocab.json"), vocabs, strict=True):
+    ids = source_ids(src.config.model, len(vocabs[0]), len(vocabs[1]))
+    hf_vocab = {piece: ids[i] for piece, i in vocabs[0].items()}
+    for name, vocab in zip(("vocab.json", "target_vocab.json"), (hf_vocab, vocabs[1]), strict=True):
         (out / name).write_text(json.dumps(vocab, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
     specials = {"unk_token": UNK_ID, "eos_token": EOS_ID, "pad_token": PAD_ID, "bos_token": BOS_ID}
     names = {}
@@ -354,13 +376,14 @@ def _scores(run_dir: Path) -> list[str]:
     except (OSError, json.JSONDecodeError):
         return ["No test report in the run (`nmt eval --split test` writes `<run>/eval/test.json`)."]
     d = report.get("decode") or {}
+    beam, nan = d.get("beam", "?"), float("nan")
     lines = [
         f"nmt's own decoding of the test set ({report.get('sentences', '?')} sentences, checkpoint "
-        f"`{Path(str(report.get('checkpoint', '?'))).name}`, {d.get('engine', '?')} engine, beam {d.get('beam', '?')}):",
+        f"`{Path(str(report.get('checkpoint', '?'))).name}`, {d.get('engine', '?')} engine, beam {beam}):",
         "",
         "| decoding | BLEU | chrF |",
         "|---|---:|---:|",
-        f"| beam {d.get('beam', '?')} | {report.get('bleu', float('nan')):.2f} | {report.get('chrf', float('nan')):.2f} |",
+        f"| beam {beam} | {report.get('bleu', nan):.2f} | {report.get('chrf', nan):.2f} |",
     ]
     greedy = report.get("greedy")
     if isinstance(greedy, dict) and "bleu" in greedy:
@@ -395,9 +418,12 @@ def model_card(src: ExportSource, manifest: dict[str, Any], command: str) -> str
         f"{manifest['transformers_version']}, {manifest['created']}).",
         "",
         "```python",
-        "from transformers import pipeline",
-        f'translate = pipeline("translation", model="{{this folder}}")',
-        'print(translate("我们九点见。")[0]["translation_text"])',
+        "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
+        'model = AutoModelForSeq2SeqLM.from_pretrained("{this folder}")',
+        'tokenizer = AutoTokenizer.from_pretrained("{this folder}")',
+        'batch = tokenizer(["我们九点见。"], return_tensors="pt", padding=True)',
+        "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))",
+        "# transformers 4.x only (5 removed the task): pipeline('translation', model='{this folder}')",
         "```",
         "",
         "## Model",

@@ -13,7 +13,7 @@ $(BIN)/nmt: pyproject.toml
 	# The CPU build of torch 2.13.0 is on disk on our machines; pin it first so that the
 	# package's torch range does not pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,serve,ctranslate2,test]'
+	$(BIN)/pip install -q -e '.[dev,serve,ctranslate2,test,transformers]'
 	@touch $(BIN)/nmt
 
 setup: $(BIN)/nmt

@@ -45,6 +45,30 @@ class BacktranslationConfig:
 
 
 @dataclass
+class FilterConfig:
+    """Noise filters for scraped pairs (`nmt.data.clean`), on top of the rules every pair goes
+    through (empty, too_long, ratio, overlap); each drop is counted under its name in stats.json."""
+
+    max_ratio: float | None = None  # this corpus's length-ratio limit (data.max_ratio's rule); null = data.max_ratio
+    # the least share of each side's own script, in scaled length (a Han character 1, a Latin letter 1/3,
+    # any other letter 1): Han on the Chinese side, Latin on the other; sides without letters pass; 0 = off
+    script: float = 0.0
+    identical: bool = False  # drop pairs whose two sides are the same text (case, spaces, punctuation aside)
+    markup: bool = False  # drop pairs with a side that is only URLs, e-mail addresses, HTML tags/entities, punctuation
+    near_dup: bool = False  # also drop pairs that repeat an earlier pair but for case, spaces and punctuation
+
+
+@dataclass
+class EvalSetEntry:
+    """One more evaluation set of `data.eval_sets`: a split of a recipe (mirror or hub) or a local path."""
+
+    corpus: str = ""  # a recipe name; its `split`
+    split: Literal["valid", "test"] = "test"
+    path: str = ""  # or a file / folder as data.test takes it
+    name: str = ""  # the report name (eval/<name>.*); default <corpus>.<split> or the file's stem
+
+
+@dataclass
 class CorpusEntry:
     """One training corpus of `data.corpora`: a recipe name or a local path, and its weight."""
 
@@ -53,6 +77,7 @@ class CorpusEntry:
     # each kept pair of this corpus is written this many times (upsampling); 1.5: every pair once,
     # and a seeded half of them (by pair hash) twice
     weight: float = 1.0
+    filters: FilterConfig | None = None  # this corpus's noise filters; null = data.filters
 
 
 BT_TAG = "⦅BT⦆"  # starts every tagged synthetic source (Caswell et al., 2019, "Tagged Back-Translation")
@@ -85,6 +110,10 @@ class DataConfig:
     corpora: list[CorpusEntry] = field(default_factory=list)
     valid: str | None = None  # a local file instead of data.corpus's validation split (.jsonl, .tsv, or x.zh + x.en)
     test: str | None = None  # the same for the test split (e.g. newstest2019 for wmt19, docs/training-on-wmt.md)
+    # more test sets, each [{corpus: NAME, split: test} or {path: FILE}]: copied into the corpus, guarded
+    # against by the overlap filter like valid and test, and scored by the pipeline's eval stage after test
+    eval_sets: list[EvalSetEntry] = field(default_factory=list)
+    filters: FilterConfig = field(default_factory=FilterConfig)  # noise filters of every corpus without its own
 
     @property
     def src_lang(self) -> str:
@@ -297,7 +326,13 @@ def stamp_sections(config: Config) -> dict[str, dict]:
             vocab[f"{side}_coverage"] = 0.9995 if lang == "zh" else 1.0
     train = {k: v for k, v in sections["train"].items() if k != "init_from" or v}
     data = {k: v for k, v in data.items() if k != "backtranslation" or v is not None}
-    data = {k: v for k, v in data.items() if k not in ("corpora", "valid", "test") or v}  # unset: as before them
+    data = {
+        k: v for k, v in data.items() if k not in ("corpora", "valid", "test", "eval_sets") or v
+    }  # unset: as before
+    if data.get("filters") == config_to_dict(Config())["data"]["filters"]:
+        del data["filters"]  # off: spelled as before the filters existed
+    if "corpora" in data:
+        data["corpora"] = [{k: v for k, v in c.items() if k != "filters" or v is not None} for c in data["corpora"]]
     train = {k: v for k, v in train.items() if k not in _REGULARISERS or v}  # off: spelled as before they existed
     model = {k: v for k, v in sections["model"].items() if k != "activation_dropout" or v}
     return {**sections, "data": data, "vocab": vocab, "model": model, "train": train}
@@ -450,8 +485,32 @@ def _check_corpora(data: DataConfig, need: Need) -> None:
         key = f"data.corpora[{i}]"
         need(bool(entry.corpus) != bool(entry.path), key, "give either corpus: NAME or path: DIR")
         need(entry.weight >= 1, f"{key}.weight", f"{entry.weight} must be at least 1")
+        if entry.filters is not None:
+            _check_filters(entry.filters, f"{key}.filters", need)
+    _check_filters(data.filters, "data.filters", need)
+    names = []
+    for i, entry in enumerate(data.eval_sets):
+        key = f"data.eval_sets[{i}]"
+        need(bool(entry.corpus) != bool(entry.path), key, "give either corpus: NAME or path: FILE")
+        names.append(eval_set_name(entry))
+        need(names[-1] not in names[:-1], f"{key}.name", f"{names[-1]!r} names another set too: give each its own")
+        need(names[-1] not in ("train", "valid", "test"), f"{key}.name", f"{names[-1]!r} is a split of the run")
     for key in ("valid", "test"):
         need(getattr(data, key) != "", f"data.{key}", "is empty (a file path, or null for data.corpus's split)")
+
+
+def _check_filters(f: FilterConfig, key: str, need: Need) -> None:
+    need(f.max_ratio is None or f.max_ratio >= 1.0, f"{key}.max_ratio", "must be >= 1 or null")
+    need(0.0 <= f.script <= 1.0, f"{key}.script", f"{f.script} is outside [0, 1] (0 = off)")
+
+
+def eval_set_name(entry: EvalSetEntry) -> str:
+    """The report name of a `data.eval_sets` entry: its own, `<corpus>.<split>`, or the file's stem."""
+    if entry.name:
+        return entry.name
+    if entry.corpus:
+        return f"{entry.corpus}.{entry.split}"
+    return Path(entry.path).name.split(".")[0]
 
 
 # --------------------------------------------------------------------------- saving

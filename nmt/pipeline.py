@@ -183,22 +183,32 @@ def select_stage(config: Config, run_dir: Path) -> str:
 
 
 def eval_stage(config: Config, run_dir: Path) -> tuple[str, dict]:
-    """Evaluate the final checkpoint on the test split (once per final checkpoint)."""
+    """Evaluate the final checkpoint on the test split and on each set of `data.eval_sets` (once
+    per final checkpoint); return the test report, with the other sets' under "eval_sets"."""
     import json
 
-    from nmt.decode.evaluate import EvalJob, evaluate_run
+    from nmt.config import eval_set_name
+    from nmt.decode.evaluate import EvalJob, evaluate_sets
     from nmt.decode.options import InferenceOptions
 
     final = run_dir / "checkpoints" / "final.safetensors"
-    digest = hash_files([final], {"decode": config_to_dict(config)["decode"]})
-    report_path = run_dir / "eval" / "test.json"
-    if stage_is_done(run_dir, "eval", digest) and report_path.is_file():
-        return "skipped", json.loads(report_path.read_text(encoding="utf-8"))
-    report = evaluate_run(
-        config, run_dir, EvalJob(split="test", name="test"), InferenceOptions(run_dir=run_dir, checkpoint=final)
-    )
+    names = [eval_set_name(e) for e in config.data.eval_sets]
+    digest = hash_files([final], {"decode": config_to_dict(config)["decode"]} | ({"sets": names} if names else {}))
+    paths = [run_dir / "eval" / f"{name}.json" for name in ("test", *names)]
+    if stage_is_done(run_dir, "eval", digest) and all(p.is_file() for p in paths):
+        reports = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+        return "skipped", _with_sets(reports, names)
+    corpus, (src, tgt) = run_dir / "corpus", (config.data.src_lang, config.data.tgt_lang)
+    jobs = [EvalJob(split="test", name="test")]
+    jobs += [EvalJob(src=corpus / f"{n}.{src}", ref=corpus / f"{n}.{tgt}", name=n) for n in names]
+    reports = evaluate_sets(config, run_dir, jobs, InferenceOptions(run_dir=run_dir, checkpoint=final))
     write_stamp(run_dir, "eval", digest)
-    return "ran", report
+    return "ran", _with_sets(reports, names)
+
+
+def _with_sets(reports: list[dict], names: list[str]) -> dict:
+    """The test report, the reports of `data.eval_sets` (`names`) under "eval_sets"."""
+    return reports[0] | ({"eval_sets": dict(zip(names, reports[1:], strict=True))} if names else {})
 
 
 def export_stage(run_dir: Path) -> str:

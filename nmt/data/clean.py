@@ -2,10 +2,15 @@
 worker process, its kept pairs written to a work folder, the results taken in unit order.
 
 Rules, in order (the first that applies names the drop): `empty` (a side empty after
-normalisation), `too_long` (a side longer than `data.max_chars` characters), `ratio` (length
-ratio above `data.max_ratio`), `overlap` (a side equal to a valid/test side after normalisation, `Held`). Duplicates
-and the `max_train_pairs` sample are decided afterwards over all units (`nmt.data.dedup`,
-`nmt.data.sample`), from the pair hashes written here.
+normalisation), `too_long` (a side longer than `data.max_chars` characters), `markup` (a side
+that is only URLs, e-mail addresses, tags or entities), `ratio` (length ratio above the corpus's
+`filters.max_ratio`, else `data.max_ratio`), `identical` (both sides the same text but for case,
+spaces and punctuation), `script` (a side whose own script is less than `filters.script` of its
+letters), `overlap` (a side equal to a valid/test side after normalisation, `Held`). `markup`,
+`identical` and `script` are the noise filters of `data.filters` (or the corpus's own
+`data.corpora[i].filters`), off by default (`nmt.data.noise`). Duplicates (and near-duplicates,
+`filters.near_dup`) and the `max_train_pairs` sample are decided afterwards over all units
+(`nmt.data.dedup`, `nmt.data.sample`), from the pair hashes written here.
 
 Length ratio: a Chinese side counts its non-space characters, any other side its characters
 divided by `LATIN_CHARS_PER_HANZI` (= 3, the median en/zh character ratio of Tatoeba and WMT
@@ -17,7 +22,8 @@ without being normalised (a 1 MiB line never reaches OpenCC): NFKC composes at m
 points into one and Traditional→Simplified never shortens, so it would be too long after them.
 
 Work folder, per unit `uNNNNNN`: `.src`, `.tgt` (kept pairs, one per line), `.keys.npy` (uint64
-pair hashes, `pair_hash`) and `.json` (its counts), each written atomically, the `.json` last:
+pair hashes, `text_hash`), with `filters.near_dup` `.near.npy` (the pairs' `nmt.data.noise.near_hash`)
+and `.json` (its counts), each written atomically, the `.json` last:
 a unit with a `.json` is done, so a run killed midway continues at the first unit without one.
 `manifest.json` holds the digest of the inputs and settings; another digest empties the folder.
 """
@@ -37,6 +43,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from nmt.config import DataConfig
+from nmt.data.noise import markup_only, near_hash, near_key, script_share
 from nmt.data.normalize import normalize_text
 from nmt.data.pool import map_ordered
 from nmt.data.readers import Source
@@ -44,7 +51,7 @@ from nmt.data.recipes import BadLines, Recipe
 from nmt.data.units import Unit, plan_units, unit_records
 from nmt.files import atomic_path, atomic_write_json
 
-RULES = ("empty", "too_long", "ratio", "overlap")
+RULES = ("empty", "too_long", "markup", "ratio", "identical", "script", "overlap")
 LATIN_CHARS_PER_HANZI = 3.0
 GUARD = 8
 
@@ -83,7 +90,8 @@ class Rules:
     """The cleaning rules of one config, its settings looked up once (a pair costs microseconds)."""
 
     def __init__(self, data: DataConfig, held: Held) -> None:
-        self.data, self.held, self.limit, self.ratio = data, held, data.max_chars, data.max_ratio
+        self.data, self.held, self.limit, self.filters = data, held, data.max_chars, data.filters
+        self.ratio = data.max_ratio if data.filters.max_ratio is None else data.filters.max_ratio
         self.zh = (data.src_lang.startswith("zh"), data.tgt_lang.startswith("zh"))
 
     def __call__(self, src: str, tgt: str) -> tuple[str | None, str, str]:
@@ -95,9 +103,19 @@ class Rules:
             return "empty", s, t
         if len(s) > self.limit or len(t) > self.limit:
             return "too_long", s, t
+        f = self.filters
+        if f.markup and (markup_only(s) or markup_only(t)):
+            return "markup", s, t
         a, b = max(_scaled_len(s, self.zh[0]), 1.0), max(_scaled_len(t, self.zh[1]), 1.0)
         if (a / b if a > b else b / a) > self.ratio:
             return "ratio", s, t
+        if f.identical and near_key(s) == near_key(t):
+            return "identical", s, t
+        if f.script and any(
+            (share := script_share(text, zh)) is not None and share < f.script
+            for text, zh in ((s, self.zh[0]), (t, self.zh[1]))
+        ):
+            return "script", s, t
         if s in self.held.src or t in self.held.tgt:
             return "overlap", s, t
         return None, s, t
@@ -123,7 +141,8 @@ def clean_unit(unit: Unit) -> dict:
     done = unit_path(folder, unit.index, ".json")
     if done.is_file():
         return json.loads(done.read_text(encoding="utf-8"))
-    bad, lines, keys = BadLines(""), [0], []
+    bad, lines, keys, near = BadLines(""), [0], [], []
+    near_dup = data.filters.near_dup
     dropped = dict.fromkeys(RULES, 0)
     src, tgt = unit_path(folder, unit.index, ".src"), unit_path(folder, unit.index, ".tgt")
     with atomic_path(src) as ps, atomic_path(tgt) as pt:
@@ -136,8 +155,13 @@ def clean_unit(unit: Unit) -> dict:
                 fs.write(s + "\n")
                 ft.write(t + "\n")
                 keys.append(text_hash(s + "\t" + t))
+                if near_dup:
+                    near.append(near_hash(s, t))
         with atomic_path(unit_path(folder, unit.index, ".keys.npy")) as pk, open(pk, "wb") as f:
             np.save(f, np.array(keys, dtype=np.uint64))
+        if near_dup:
+            with atomic_path(unit_path(folder, unit.index, ".near.npy")) as pn, open(pn, "wb") as f:
+                np.save(f, np.array(near, dtype=np.uint64))
     counts = {"lines": lines[0], "kept": len(keys), "dropped": dropped, "bad": bad.reasons}
     atomic_write_json(done, counts)
     return counts

@@ -44,12 +44,12 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from nmt.config import BT_TAG, Config, DataConfig, stamp_sections
+from nmt.config import BT_TAG, Config, DataConfig, eval_set_name, stamp_sections
 from nmt.data.clean import Cleaned, Held, clean_units, unit_path
 from nmt.data.corpora import TrainCorpus, clean_corpora, pair_copies, per_corpus, train_corpora, written_pairs
 from nmt.data.dedup import first_occurrences
 from nmt.data.normalize import normalize_source, normalize_target, strip_text
-from nmt.data.readers import Source, cached_hub, check_aligned, count_lines, find_sources, read_split
+from nmt.data.readers import Source, cached_hub, check_aligned, count_lines, find_sources, path_source, read_split
 from nmt.data.recipes import SPLITS, BadLines, Recipe, get_recipe
 from nmt.data.sample import sample_masks
 from nmt.data.synthetic_filter import cap_synthetic, filter_synthetic
@@ -57,7 +57,19 @@ from nmt.errors import NmtError
 from nmt.files import atomic_path
 from nmt.run.stamps import clear_stamp, hash_files, stage_is_done, write_stamp
 
-TRAIN_RULES = ("bad_line", "empty", "too_long", "ratio", "overlap", "duplicate", "subsampled")
+TRAIN_RULES = (
+    "bad_line",
+    "empty",
+    "too_long",
+    "markup",
+    "ratio",
+    "identical",
+    "script",
+    "overlap",
+    "duplicate",
+    "near_duplicate",
+    "subsampled",
+)
 
 
 # --------------------------------------------------------------------------- cleaning and writing
@@ -124,7 +136,8 @@ def _write_train(corpora: list[TrainCorpus], data: DataConfig, tmp: dict[str, Pa
     written with their weights; the split's stats (with one entry per corpus under `corpora`
     when `data.corpora` names them)."""
     folders = [work.folder / ("train" if i == 0 else f"train.{i}") for i in range(len(corpora))]
-    cleaned, unique = clean_corpora(corpora, data, held, folders, work.digest)
+    cleaned, found = clean_corpora(corpora, data, held, folders, work.digest)
+    unique = found.masks
     flat, sizes = [m for ms in unique for m in ms], [len(ms) for ms in unique]
     chosen, _ = _selected(flat, data)
     masks = per_corpus(chosen, sizes)
@@ -134,9 +147,10 @@ def _write_train(corpora: list[TrainCorpus], data: DataConfig, tmp: dict[str, Pa
         open(tmp[f"train.{data.src_lang}"], "w", encoding="utf-8") as fs,
         open(tmp[f"train.{data.tgt_lang}"], "w", encoding="utf-8") as ft,
     ):
-        for corpus, c, u, m in zip(corpora, cleaned, unique, masks, strict=True):
-            duplicate = sum(len(x) - int(x.sum()) for x in u)
-            dropped = {"bad_line": 0, **c.dropped(), "duplicate": duplicate, "subsampled": _count(u) - _count(m)}
+        for corpus, c, u, m, near in zip(corpora, cleaned, unique, masks, found.near, strict=True):
+            duplicate = sum(len(x) - int(x.sum()) for x in u) - near
+            dropped = {"bad_line": 0, **c.dropped(), "duplicate": duplicate, "near_duplicate": near}
+            dropped["subsampled"] = _count(u) - _count(m)
             copies = pair_copies(c, corpus.weight * real, data.seed)
             kept = _write_units(c, m, fs, ft, copies)
             read = _tally(c.bad, dropped, kept)
@@ -269,14 +283,41 @@ def _codes_source(sources: dict[str, Source], recipe: Recipe) -> bool:
 
 
 def _output_names(data: DataConfig, codes: bool) -> list[str]:
-    names = [f"{s}.{lang}" for s in SPLITS for lang in (data.src_lang, data.tgt_lang)] + ["stats.json", "manifest.json"]
+    sets = [*SPLITS, *(eval_set_name(e) for e in data.eval_sets)]
+    names = [f"{s}.{lang}" for s in sets for lang in (data.src_lang, data.tgt_lang)]
+    names += ["stats.json", "manifest.json", "DATA.md"]
     return names + ["test.codes"] if codes else names
 
 
+def eval_set_sources(data: DataConfig, mirror: str | None) -> dict[str, tuple[Source, Recipe]]:
+    """Each `data.eval_sets` entry's source (found before any work: a missing one stops the run)
+    and the recipe its records read with, by report name."""
+    out = {}
+    for i, entry in enumerate(data.eval_sets):
+        key = f"data.eval_sets[{i}]"
+        if entry.corpus:
+            recipe = get_recipe(entry.corpus, f"{key}.corpus")
+            where = find_sources(recipe, data, mirror, need=(), key=f"{key}.corpus", own_folder=True)
+            source = where[entry.split]
+            if source.kind == "none":
+                raise NmtError(f"{key}: corpus {entry.corpus!r} has no {entry.split} split ({source.label} not found)")
+        else:
+            recipe, source = get_recipe(data.corpus), path_source(entry.path, data, entry.split, f"{key}.path")
+        out[eval_set_name(entry)] = (source, recipe)
+    return out
+
+
 def _write_corpus(
-    sources: dict[str, Source], corpora: list[TrainCorpus], recipe: Recipe, data: DataConfig, out: Path, work: _Work
+    sources: dict[str, Source],
+    corpora: list[TrainCorpus],
+    recipe: Recipe,
+    data: DataConfig,
+    out: Path,
+    work: _Work,
+    extra: dict[str, tuple[Source, Recipe]],
 ) -> dict:
-    """Every output file of the corpus (`sources`: valid and test; `corpora`: the training corpora)."""
+    """Every output file of the corpus (`sources`: valid and test; `corpora`: the training
+    corpora; `extra`: the more test sets of `data.eval_sets`, by name)."""
     codes = _codes_source(sources, recipe)
     stats: dict = {"corpus": recipe.name}
     for name in _output_names(data, True):  # temporary files of a run that was killed
@@ -291,18 +332,58 @@ def _write_corpus(
             warnings.warn(f"corpus {recipe.name!r} has no test split; {out}/test.* are empty", stacklevel=2)
         if codes:
             _write_codes(sources["test"], bad, stats["test"]["read"], tmp["test.codes"], labels)
+        if extra:
+            stats["eval_sets"] = {
+                name: _write_eval(source, own, data, name, tmp, held)[0] for name, (source, own) in extra.items()
+            }
         guard = Held(frozenset(held[0]), frozenset(held[1])) if data.filter_overlap else Held()
         stats["train"] = _write_train(corpora, data, tmp, guard, work)
         if data.backtranslation is not None:
             written = stats["train"].get("pairs")  # data.corpora: with their weights (and real_upsample)
             real = written if written is not None else stats["train"]["kept"] * data.backtranslation.real_upsample
             stats["backtranslation"] = _write_synthetic(recipe, data, tmp, guard, work.split("backtranslation"), real)
+        stats["provenance"] = provenance(corpora)
+        tmp["DATA.md"].write_text(data_card(stats["provenance"]), encoding="utf-8")
         tmp["stats.json"].write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         _write_manifest(tmp, stats)
     if not codes:
         with contextlib.suppress(FileNotFoundError):
             (out / "test.codes").unlink()
     return stats
+
+
+def provenance(corpora: list[TrainCorpus]) -> dict:
+    """What the training data is and may be used for: per corpus its source and licence, and
+    whether any allows research use only (`Recipe.research_only`), for DATA.md and exports."""
+    entries = []
+    for c in corpora:
+        named = c.name == c.recipe.name  # a recipe; else a local path read with the main recipe's rules
+        entries.append(
+            {
+                "corpus": c.name,
+                "source": c.source.label,
+                "licence": c.recipe.licence if named else "a local file: its own licence applies",
+                "research_only": c.recipe.research_only if named else False,
+            }
+        )
+    return {"corpora": entries, "research_only": any(e["research_only"] for e in entries)}
+
+
+def data_card(prov: dict) -> str:
+    """DATA.md: the training corpora and their licences, with a warning first when any is research-only."""
+    lines = ["# Training data", ""]
+    if prov["research_only"]:
+        lines += [
+            "**Research and benchmarking only.** This model was trained on corpora whose licence is unclear",
+            "or non-commercial (marked below); the model inherits their terms. Do not ship it in a product.",
+            "",
+        ]
+    lines += ["| corpus | source | licence |", "|---|---|---|"]
+    lines += [
+        f"| {e['corpus']} | `{e['source']}` | {e['licence']}{' (research only)' if e['research_only'] else ''} |"
+        for e in prov["corpora"]
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _sha256(path: Path) -> str:
@@ -364,9 +445,11 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
     data, run_dir = config.data, Path(run_dir)
     recipe = get_recipe(data.corpus)
     found = find_sources(recipe, data, mirror, need=("valid",) if data.corpora else ("train", "valid"))
-    sources = {split: cached_hub(found[split], recipe) for split in ("valid", "test")}
+    extra = eval_set_sources(data, mirror)
     corpora = train_corpora(recipe, found["train"], data, mirror)
-    inputs = [*(c.source for c in corpora), sources["valid"], sources["test"]]
+    sources = {split: cached_hub(found[split], recipe) for split in ("valid", "test")}
+    extra = {name: (cached_hub(source, own), own) for name, (source, own) in extra.items()}
+    inputs = [*(c.source for c in corpora), sources["valid"], sources["test"], *(s for s, _ in extra.values())]
     for source in inputs:  # differing plain files stop before any work
         if source.kind == "plain":
             check_aligned(*source.paths)
@@ -388,7 +471,7 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
         return json.loads((out / "stats.json").read_text(encoding="utf-8"))
     clear_stamp(run_dir, "download")
     work = run_dir / "corpus.work"
-    stats = _write_corpus(sources, corpora, recipe, data, out, _Work(work, digest))
+    stats = _write_corpus(sources, corpora, recipe, data, out, _Work(work, digest), extra)
     shutil.rmtree(work, ignore_errors=True)
     print_stats(stats)
     write_stamp(run_dir, "download", digest, {"corpus": recipe.name})

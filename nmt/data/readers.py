@@ -201,8 +201,10 @@ def _mirror_root(data: DataConfig, mirror: str | None) -> Path | None:
     return None
 
 
-def _mirror_split(folder: Path, split: str, data: DataConfig) -> Source:
-    for stem in _MIRROR_STEMS[split]:
+def _mirror_split(folder: Path, split: str, data: DataConfig, stems: tuple[str, ...] = ()) -> Source:
+    """The file of `split` in a mirror folder: the first of `stems` (default `_MIRROR_STEMS`) that
+    exists as .jsonl, .tsv or a plain .zh + .en pair, each maybe compressed; kind "none" if none does."""
+    for stem in stems or _MIRROR_STEMS[split]:
         for ext in ("", *COMPRESSED):
             for kind in ("jsonl", "tsv"):
                 if (folder / f"{stem}.{kind}{ext}").is_file():
@@ -257,13 +259,21 @@ def find_sources(
     there, unless `own_folder` (one of several corpora: the top folder is not this one's)."""
     root = _mirror_root(data, mirror)
     if root is not None and own_folder and recipe.subdir and not (root / recipe.subdir).is_dir():
-        raise NmtError(f"{key}: {recipe.name!r}: the mirror {root} has no folder {recipe.subdir}")
+        raise NmtError(
+            f"{key}: {recipe.name!r}: the mirror {root} has no folder {recipe.subdir} "
+            "(point --mirror or NMT_MIRROR at a mirror that has it)"
+        )
     if root is not None:
         folder = root / recipe.subdir if recipe.subdir and (root / recipe.subdir).is_dir() else root
-        sources = {split: _mirror_split(folder, split, data) for split in SPLITS}
-        where = f"mirror {folder} (looked for train.jsonl, train.tsv, train.{data.src_lang}+train.{data.tgt_lang})"
+        stems = dict(recipe.stems)
+        sources = {split: _mirror_split(folder, split, data, stems.get(split, ())) for split in SPLITS}
+        train = stems.get("train", ("train",))[0]
+        where = (
+            f"mirror {folder} (looked for {train}.jsonl, {train}.tsv, {train}.{data.src_lang}+{train}.{data.tgt_lang})"
+        )
     elif recipe.hub is None:
-        raise NmtError(f"{key}: {recipe.name!r} is mirror-only: pass --mirror DIR, set data.mirror or NMT_MIRROR")
+        where = f"folder {recipe.subdir} of a mirror" if recipe.subdir else "a mirror"
+        raise NmtError(f"{key}: {recipe.name!r} is read from {where}: pass --mirror DIR or set NMT_MIRROR")
     else:
         hub = dict(recipe.splits)
         sources = {

@@ -49,11 +49,17 @@ class Recipe:
     columns: tuple[tuple[str, str], ...] = ()  # flat tables: (language, column) instead of "translation"
     label: str = ""  # column with each row's language/script code (test labels become test.codes)
     keep: tuple[str, ...] = ()  # keep only the rows whose label is one of these
+    # mirror file stems per split where they are not train / validation / test (`coca` for coca.zh + coca.en)
+    stems: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    licence: str = "see the dataset's card"  # for the run's DATA.md and exported packages' metadata
+    research_only: bool = False  # a licence that allows research and benchmarking only (or none stated)
 
 
 _ALL = (("train", HubSplit("train")), ("valid", HubSplit("validation")), ("test", HubSplit("test")))
 TATOEBA_VALID_EVERY = 18  # 1 in 18 Mandarin dev rows (about 2,000) validate; the rest train
 MANDARIN = ("cmn_Hans", "cmn_Hant", "cmn")  # the rows of the eng-zho benchmark our mirror keeps
+SCRAPED = "none stated: scraped from the Youdao dictionary; research and benchmarking only"
+WMT = "WMT shared-task data, released for research use"
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
@@ -72,13 +78,45 @@ RECIPES: dict[str, Recipe] = {
             columns=(("en", "sourceString"), ("zh", "targetString")),
             label="targetlang",
             keep=MANDARIN,
+            licence="CC-BY 2.0 FR (Tatoeba contributors)",
         ),
-        Recipe("wmt19", "wmt/wmt19", "zh-en", _ALL[:2], subdir="wmt19-zh-en"),
-        Recipe("wmt17", "wmt/wmt17", "zh-en", _ALL, subdir="wmt17-zh-en"),
+        Recipe("wmt19", "wmt/wmt19", "zh-en", _ALL[:2], subdir="wmt19-zh-en", licence=WMT),
+        Recipe("wmt17", "wmt/wmt17", "zh-en", _ALL, subdir="wmt17-zh-en", licence=WMT),
         Recipe("opus100", "Helsinki-NLP/opus-100", "en-zh", _ALL, subdir="opus100-en-zh"),
         Recipe("iwslt2017", "IWSLT/iwslt2017", "iwslt2017-zh-en", _ALL, subdir="iwslt2017-zh-en"),
         Recipe("news_commentary", "Helsinki-NLP/news_commentary", "en-zh", _ALL[:1], subdir="news-commentary-en-zh"),
-        Recipe("wmt_news", None, None, (), subdir="wmt-news-zh-en"),
+        Recipe("wmt_news", None, None, (), subdir="wmt-news-zh-en", licence=WMT),
+        # Mirror-only corpora of plain .zh/.en pairs (shared/data's README, "More training data")
+        Recipe(
+            "youdao_coca",
+            None,
+            None,
+            (),
+            subdir="youdao-examples-zh-en",
+            stems=(("train", ("coca",)),),
+            licence=SCRAPED,
+            research_only=True,
+        ),
+        Recipe(
+            "youdao_wordbooks",
+            None,
+            None,
+            (),
+            subdir="youdao-examples-zh-en",
+            stems=(("train", ("wordbooks",)),),
+            licence=SCRAPED,
+            research_only=True,
+        ),
+        Recipe(
+            "aichallenger",
+            None,
+            None,
+            (),
+            subdir="aichallenger-zh-en",
+            stems=(("train", ("train_sample",)), ("valid", ("valid",))),
+            licence="AI Challenger 2017 terms: research, non-commercial",
+            research_only=True,
+        ),
     )
 }
 

@@ -205,3 +205,127 @@ def test_a_fractional_weight_repeats_a_seeded_share_of_the_pairs_once_more(tmp_p
     again = prepare(tmp_path, "again", mirror, [{"path": str(mine), "weight": 1.5}, {"corpus": "wmt19"}], seed=2)
     other = lines(tmp_path / "again/corpus/train.zh")[: again["train"]["corpora"][0]["pairs"]]
     assert {z for z in other if other.count(z) == 2} != twice  # the seed picks the share
+
+
+# --------------------------------------------------------------------------- noise filters, eval sets, recipes
+
+NOISY = [
+    ("详见 http://example.org", "<br/>"),  # markup: the English side is only a tag
+    ("我们走吧。", "我们走吧。"),  # identical: not translated
+    ("Let us go now", "Let us go now!"),  # identical but for punctuation
+    ("We should leave now please", "Let us go now"),  # script: English on the Chinese side
+    ("好的", "好的 ok"),  # script: Chinese on the English side
+    ("一", "This sentence is far far far far far far far far far too long for one character"),  # ratio
+]
+NEAR = [(MINE[5][0].replace("。", "！"), MINE[5][1].upper())]  # a near-duplicate of MINE[5]
+STRICT = {"markup": True, "identical": True, "script": 0.5, "near_dup": True, "max_ratio": 6.0}
+
+
+def test_each_noise_filter_drops_its_pairs_and_counts_them_by_name(tmp_path, inputs):
+    mirror, mine = inputs
+    write_plain(tmp_path / "noisy", "train", MINE[3:] + NOISY + NEAR)
+    corpora = [{"corpus": "wmt19"}, {"path": str(tmp_path / "noisy"), "filters": STRICT}]
+    stats = prepare(tmp_path, "run", mirror, corpora)
+    first, second = stats["train"]["corpora"]
+    expected = {"markup": 1, "identical": 2, "script": 2, "ratio": 1, "near_duplicate": 1}
+    assert {k: second["dropped"][k] for k in expected} == expected
+    assert second["kept"] == len(MINE) - 3  # every clean pair kept
+    assert all(first["dropped"][k] == 0 for k in expected)  # wmt19 has its own (default) filters: off
+    assert stats["train"]["read"] == stats["train"]["kept"] + sum(stats["train"]["dropped"].values())
+    train_en = set(lines(tmp_path / "run/corpus/train.en"))
+    assert not train_en & {e for _, e in NOISY + NEAR}
+
+    off = prepare(tmp_path, "off", mirror, [{"corpus": "wmt19"}, {"path": str(tmp_path / "noisy")}])
+    dropped = off["train"]["corpora"][1]["dropped"]
+    assert dropped["ratio"] == 2 and dropped["markup"] == dropped["identical"] == dropped["script"] == 0
+    # filters off: the default ratio limit (9) still drops the one-character line and the bare tag; the rest pass
+    assert off["train"]["corpora"][1]["kept"] == second["kept"] + len(NOISY) + len(NEAR) - 2
+
+
+def test_data_filters_apply_to_every_corpus_without_its_own(tmp_path, inputs):
+    mirror, _ = inputs
+    write_plain(tmp_path / "noisy", "train", MINE[3:] + NOISY)
+    corpora = [{"corpus": "wmt19"}, {"path": str(tmp_path / "noisy")}]
+    stats = prepare(tmp_path, "run", mirror, corpora, filters={"identical": True})
+    assert stats["train"]["corpora"][1]["dropped"]["identical"] == 2
+    assert stats["train"]["corpora"][1]["dropped"]["script"] == 0
+
+
+def test_near_duplicates_are_found_across_corpora_that_ask_for_it(tmp_path, inputs):
+    mirror, _ = inputs
+    twin = [(MAIN[7][0] + "！", MAIN[7][1].lower())]
+    write_plain(tmp_path / "twin", "train", MINE[3:] + twin)
+    near = {"near_dup": True}
+    stats = prepare(tmp_path, "run", mirror, [{"corpus": "wmt19", "filters": near}, {"path": str(tmp_path / "twin")}])
+    assert stats["train"]["corpora"][1]["dropped"]["near_duplicate"] == 0  # the second corpus did not ask
+    both = [{"corpus": "wmt19", "filters": near}, {"path": str(tmp_path / "twin"), "filters": near}]
+    stats = prepare(tmp_path, "both", mirror, both)
+    second = stats["train"]["corpora"][1]
+    assert second["dropped"]["near_duplicate"] == 1 and second["dropped"]["duplicate"] == 0
+
+
+def test_eval_sets_are_written_and_guarded_against_like_test(tmp_path, inputs):
+    mirror, mine = inputs
+    news = ALL[300:306]  # pairs of my corpus that a second test set holds
+    jsonl(mirror / "wmt-news-zh-en" / "test.jsonl", news)
+    sets = [{"corpus": "wmt_news", "split": "test"}]
+    stats = prepare(tmp_path, "run", mirror, [{"corpus": "wmt19"}, {"path": str(mine)}], eval_sets=sets)
+    assert lines(tmp_path / "run/corpus/wmt_news.test.en") == [e for _, e in news]
+    assert stats["eval_sets"]["wmt_news.test"]["kept"] == len(news)
+    second = stats["train"]["corpora"][1]
+    assert second["dropped"]["overlap"] == len(set(news) | set(IN_VALID))  # news and validation, both guarded
+    assert not set(lines(tmp_path / "run/corpus/train.en")) & {e for _, e in news}
+
+
+def test_a_missing_eval_set_stops_before_any_work_naming_the_entry(tmp_path, inputs):
+    mirror, mine = inputs
+    sets = [{"corpus": "aichallenger", "split": "valid"}]
+    with pytest.raises(NmtError, match=r"data.eval_sets\[0\].corpus: 'aichallenger': .* no folder aichallenger-zh-en"):
+        prepare(tmp_path, "run", mirror, [{"corpus": "wmt19"}], eval_sets=sets)
+    assert not (tmp_path / "run" / "corpus.work").exists()
+
+
+def test_two_eval_sets_with_one_name_are_refused():
+    sets = [{"corpus": "wmt_news"}, {"path": "x/news.jsonl", "name": "wmt_news.test"}]
+    with pytest.raises(ConfigError, match=r"data.eval_sets\[1\].name: 'wmt_news.test' names another set"):
+        config_from_dict({"data": {"eval_sets": sets}})
+    with pytest.raises(ConfigError, match=r"data.eval_sets\[0\].name: 'valid' is a split of the run"):
+        config_from_dict({"data": {"eval_sets": [{"path": "x/valid.jsonl"}]}})
+
+
+def youdao_mirror(root: Path) -> Path:
+    folder = root / "youdao-examples-zh-en"
+    folder.mkdir(parents=True)
+    (folder / "coca.zh").write_text("".join(z + "\n" for z, _ in MINE), encoding="utf-8")
+    (folder / "coca.en").write_text("".join(e + "\n" for _, e in MINE), encoding="utf-8")
+    return folder
+
+
+def test_a_mirror_recipe_reads_its_named_files_and_its_run_says_where_the_data_may_be_used(tmp_path, inputs):
+    mirror, _ = inputs
+    youdao_mirror(mirror)
+    stats = prepare(tmp_path, "run", mirror, [{"corpus": "wmt19"}, {"corpus": "youdao_coca"}])
+    assert stats["train"]["corpora"][1]["kept"] == len(MINE) - len(IN_VALID)
+    assert stats["train"]["corpora"][1]["source"].endswith("coca.zh+.en")
+    card = (tmp_path / "run/corpus/DATA.md").read_text(encoding="utf-8")
+    assert card.startswith("# Training data\n\n**Research and benchmarking only.**")
+    assert "| youdao_coca |" in card and stats["provenance"]["research_only"] is True
+    clean = prepare(tmp_path, "clean", mirror, [{"corpus": "wmt19"}])
+    assert clean["provenance"]["research_only"] is False
+    assert "Research" not in (tmp_path / "clean/corpus/DATA.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("with_mirror", [True, False])
+def test_a_mirror_only_recipe_without_its_folder_stops_in_one_line_naming_folder_and_mirror(
+    tmp_path, inputs, with_mirror, monkeypatch
+):
+    mirror, _ = inputs
+    monkeypatch.delenv("NMT_MIRROR", raising=False)
+    raw = {"name": "t", "data": {"corpus": "wmt19", "workers": 1, "corpora": [{"corpus": "youdao_coca"}]}}
+    where = str(mirror) if with_mirror else None
+    with pytest.raises(NmtError) as e:
+        prepare_corpus(config_from_dict(raw), tmp_path / "run", mirror=where)
+    message = str(e.value)
+    assert "\n" not in message and "youdao-examples-zh-en" in message and "NMT_MIRROR" in message
+    assert message.startswith("data.corpora[0].corpus: 'youdao_coca'")
+    assert not (tmp_path / "run" / "corpus").exists()

@@ -42,6 +42,20 @@ def parse_arm(text: str) -> tuple[str, list[str]]:
     return name, overrides
 
 
+def parse_arm_config(text: str) -> tuple[str, str]:
+    """`NAME=CONFIG` → (name, config path)."""
+    name, _, config = text.partition("=")
+    if not name or not config:
+        raise argparse.ArgumentTypeError(f"--arm-config {text!r}: NAME=CONFIG")
+    return name, config
+
+
+def prepared_dir(work: Path, config: str, default: str) -> Path:
+    """Where `config`'s corpus and vocabularies are prepared: `prepared`, or for another config
+    than --config's `prepared-<its stem>`."""
+    return work / ("prepared" if config == default else f"prepared-{Path(config).stem}")
+
+
 def nmt(args: list[str], log: Path, core: int | None = None) -> int:
     """`python -m nmt ARGS`, output appended to `log`; pinned to `core` with one thread when given."""
     cmd = [sys.executable, "-m", "nmt", *args]
@@ -150,6 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arm", type=parse_arm, action="append", required=True, help="NAME[=key=value,...]")
     parser.add_argument("--config", default="configs/small.yaml")
+    parser.add_argument(
+        "--arm-config",
+        type=parse_arm_config,
+        action="append",
+        default=[],
+        help="NAME=CONFIG: that arm trains CONFIG instead of --config (its own corpus, prepared once)",
+    )
     parser.add_argument("--budget", default="20m", help="train.max_time of every arm")
     parser.add_argument("--mirror", default=os.environ.get("NMT_MIRROR") or str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "ablation")
@@ -157,15 +178,19 @@ def main(argv: list[str] | None = None) -> int:
     names = [name for name, _ in args.arm]
     if len(set(names)) != len(names):
         parser.error(f"--arm names must differ: {names}")
+    configs = {name: args.config for name in names} | dict(args.arm_config)
+    if unknown := sorted(set(configs) - set(names)):
+        parser.error(f"--arm-config names no --arm: {', '.join(unknown)}")
     cores = sorted(os.sched_getaffinity(0))
     args.work.mkdir(parents=True, exist_ok=True)
     log = args.work / "ablation.log"
     from nmt.hw.host import cpu_model
 
     print(f"CPU: {cpu_model()}; {len(cores)} cores, one arm per core; budget {args.budget}; log {log}", flush=True)
-    prepare(args.config, args.work / "prepared", args.mirror, log)
+    for config in dict.fromkeys(configs.values()):
+        prepare(config, prepared_dir(args.work, config, args.config), args.mirror, log)
     for name, _ in args.arm:
-        link_prepared(args.work / "prepared", args.work / name)
+        link_prepared(prepared_dir(args.work, configs[name], args.config), args.work / name)
     todo = [arm for arm in args.arm if " stopped: " not in _log_text(args.work / arm[0])]  # trained before: kept
     for start in range(0, len(todo), len(cores)):
         round_ = todo[start : start + len(cores)]
@@ -173,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         with ThreadPoolExecutor(len(round_)) as pool:
             jobs = [
                 pool.submit(
-                    train_arm, args.config, args.work / name, sets, args.budget, core, args.work / f"{name}.log"
+                    train_arm, configs[name], args.work / name, sets, args.budget, core, args.work / f"{name}.log"
                 )
                 for (name, sets), core in zip(round_, cores, strict=False)
             ]

@@ -3,7 +3,7 @@ worker process, its kept pairs written to a work folder, the results taken in un
 
 Rules, in order (the first that applies names the drop): `empty` (a side empty after
 normalisation), `too_long` (a side longer than `data.max_chars` characters), `markup` (a side
-that is only URLs, e-mail addresses, tags or entities), `ratio` (length ratio above the corpus's
+that is only URLs, e-mail addresses, tags or entities, or holds scraping residue), `ratio` (length ratio above the corpus's
 `filters.max_ratio`, else `data.max_ratio`), `identical` (both sides the same text but for case,
 spaces and punctuation), `script` (a side whose own script is less than `filters.script` of its
 letters), `overlap` (a side equal to a valid/test side after normalisation, `Held`). `markup`,
@@ -43,7 +43,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from nmt.config import DataConfig
-from nmt.data.noise import markup_only, near_hash, near_key, script_share
+from nmt.data.noise import markup, near_hash, near_key, script_share
 from nmt.data.normalize import normalize_text
 from nmt.data.pool import map_ordered
 from nmt.data.readers import Source
@@ -104,7 +104,7 @@ class Rules:
         if len(s) > self.limit or len(t) > self.limit:
             return "too_long", s, t
         f = self.filters
-        if f.markup and (markup_only(s) or markup_only(t)):
+        if f.markup and (markup(s) or markup(t)):
             return "markup", s, t
         a, b = max(_scaled_len(s, self.zh[0]), 1.0), max(_scaled_len(t, self.zh[1]), 1.0)
         if (a / b if a > b else b / a) > self.ratio:

@@ -5,8 +5,10 @@
   Latin letter 1/3 (about three Latin letters per Han character in zh-en text), any other letter 1
   (kana, Hangul, Cyrillic...); digits, punctuation and spaces do not count. So `我爱 AI` is 0.75
   Han and an untranslated English line on the Chinese side is 0.
-- `markup_only`: a side that is nothing but URLs, e-mail addresses, HTML tags or entities and
-  punctuation (a scraped link, a stray `<br/>`).
+- `markup`: a side that is nothing but URLs, e-mail addresses, HTML tags or entities and
+  punctuation (a scraped link, a stray `<br/>`), or that holds what scraping leaves behind in a
+  sentence: a JSON record (`{"GLOSS":[...]}`), BBCode (`[font=宋体]`), an HTML entity (`&quot;`).
+  Tags inside a sentence are kept: technical text mentions them (`the <xs:sequence> element`).
 - `near_key`: the text with case, spaces and punctuation dropped: two pairs with equal keys on
   both sides are near-duplicates (`他走了。`/`He left.` and `他走了！`/`he left!`), and a pair whose
   two sides have the same key is an untranslated copy (`identical`).
@@ -31,6 +33,11 @@ _MARKUP = re.compile(
     r"|</?[A-Za-z][^<>]*>"  # an HTML/XML tag
     r"|&(?:#\d+|#x[0-9A-Fa-f]+|[A-Za-z]+);"  # an HTML entity
 )
+_RESIDUE = re.compile(
+    r'\{\s*"[^"]+"\s*:'  # a JSON record
+    r"|\[/?(?:color|font|size|b|i|u|url|img|quote)(?:=[^\]]*)?\]"  # BBCode
+    r"|&(?:#\d+|#x[0-9A-Fa-f]+|[A-Za-z]+);"  # an HTML entity
+)
 
 
 def script_share(text: str, han: bool) -> float | None:
@@ -45,9 +52,11 @@ def script_share(text: str, han: bool) -> float | None:
     return (n_han if han else n_latin * LATIN_WEIGHT) / total
 
 
-def markup_only(text: str) -> bool:
-    """True when `text` holds markup (a URL, e-mail address, tag or entity) and, that removed,
-    no letter or digit."""
+def markup(text: str) -> bool:
+    """True when `text` is only markup (URLs, e-mail addresses, tags, entities; that removed, no
+    letter or digit is left) or holds scraping residue (a JSON record, BBCode, an HTML entity)."""
+    if _RESIDUE.search(text):
+        return True
     rest, found = _MARKUP.subn(" ", text)
     return found > 0 and not any(ch.isalnum() for ch in rest)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nmt.data.noise import markup_only, near_hash, near_key, script_share
+from nmt.data.noise import markup, near_hash, near_key, script_share
 
 
 @pytest.mark.parametrize(
@@ -40,15 +40,16 @@ def test_a_side_without_letters_has_no_share_to_judge():
         "(https://x.cn)",
     ],
 )
-def test_markup_only_lines_are_caught(text):
-    assert markup_only(text)
+def test_markup_lines_are_caught(text):
+    assert markup(text)
 
 
 @pytest.mark.parametrize(
-    "text", ["详情请见https://example.org，谢谢。", "See <b>this</b> page", "3.5%", "Hello.", "AT&T", ""]
+    "text",
+    ["详情请见https://example.org，谢谢。", "the <xs:sequence> element", "3.5%", "Hello.", "AT&T", "[1] a note", "{x}", ""],
 )
 def test_text_around_markup_or_no_markup_at_all_is_kept(text):
-    assert not markup_only(text)
+    assert not markup(text)
 
 
 def test_the_near_key_drops_case_spaces_and_punctuation_only():

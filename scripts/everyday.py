@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     table = Table(title=f"{run.name}: everyday sentences (BLEU {report['bleu']:.1f} over {len(hyps)} lines)")
     for column in ("source", "nmt", "reference"):
         table.add_column(column)
-    for row in zip(src.read_text(encoding="utf-8").splitlines(), hyps, ref.read_text(encoding="utf-8").splitlines()):
+    sources, refs = src.read_text(encoding="utf-8").splitlines(), ref.read_text(encoding="utf-8").splitlines()
+    for row in zip(sources, hyps, refs, strict=True):
         table.add_row(*row)
     Console().print(table)
     return 0

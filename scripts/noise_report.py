@@ -49,7 +49,8 @@ def markdown(rows: list[dict]) -> str:
     rules = [r for r in RULES if r != "overlap"]
     out = ["| corpus | read | " + " | ".join(rules) + " |", "|---|" + "---:|" * (len(rules) + 1)]
     for row in rows:
-        out.append(f"| {row['corpus']} | {row['read']:,} | " + " | ".join(f"{row['removed'][r]:,}" for r in rules) + " |")
+        counts = " | ".join(f"{row['removed'][r]:,}" for r in rules)
+        out.append(f"| {row['corpus']} | {row['read']:,} | {counts} |")
     out.append("")
     for row in rows:
         for rule, pairs in row["examples"].items():

@@ -4,8 +4,8 @@ worker process, its kept pairs written to a work folder, the results taken in un
 Rules, in order (the first that applies names the drop): `empty` (a side empty after
 normalisation), `too_long` (a side longer than `data.max_chars` characters), `markup` (a side
 that is only URLs, e-mail addresses, tags or entities, or holds scraping residue), `ratio`
-(length ratio above the corpus's `filters.max_ratio`, else `data.max_ratio`), `identical` (both sides the same text but for case,
-spaces and punctuation), `script` (a side whose own script is less than `filters.script` of its
+(length ratio above the corpus's `filters.max_ratio`, else `data.max_ratio`), `identical`
+(both sides the same text but for case, spaces and punctuation), `script` (a side whose own script is less than `filters.script` of its
 letters), `overlap` (a side equal to a valid/test side after normalisation, `Held`). `markup`,
 `identical` and `script` are the noise filters of `data.filters` (or the corpus's own
 `data.corpora[i].filters`), off by default (`nmt.data.noise`). Duplicates (and near-duplicates,

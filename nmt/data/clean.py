@@ -1,13 +1,15 @@
 """Cleaning a split on all cores: each unit (`nmt.data.units`) normalised and filtered in a
 worker process, its kept pairs written to a work folder, the results taken in unit order.
 
-Rules, in order (the first that applies names the drop): `empty` (a side empty after
-normalisation), `too_long` (a side longer than `data.max_chars` characters), `markup` (a side
-that is only URLs, e-mail addresses, tags or entities, or holds scraping residue), `ratio`
-(length ratio above the corpus's `filters.max_ratio`, else `data.max_ratio`), `identical`
-(both sides the same text but for case, spaces and punctuation), `script` (a side whose own script is less than `filters.script` of its
-letters), `overlap` (a side equal to a valid/test side after normalisation, `Held`). `markup`,
-`identical` and `script` are the noise filters of `data.filters` (or the corpus's own
+Rules, in order (the first that applies names the drop):
+- `empty`: a side empty after normalisation;
+- `too_long`: a side longer than `data.max_chars` characters;
+- `markup`: a side that is only URLs, e-mail addresses, tags or entities, or holds scraping residue;
+- `ratio`: a length ratio above the corpus's `filters.max_ratio`, else `data.max_ratio`;
+- `identical`: both sides the same text but for case, spaces and punctuation;
+- `script`: a side whose own script is less than `filters.script` of its letters;
+- `overlap`: a side equal to a valid/test side after normalisation (`Held`).
+`markup`, `identical` and `script` are the noise filters of `data.filters` (or the corpus's own
 `data.corpora[i].filters`), off by default (`nmt.data.noise`). Duplicates (and near-duplicates,
 `filters.near_dup`) and the `max_train_pairs` sample are decided afterwards over all units
 (`nmt.data.dedup`, `nmt.data.sample`), from the pair hashes written here.

@@ -101,3 +101,27 @@ def test_arms_share_one_preparation_and_train_one_per_core(tmp_path, monkeypatch
 def test_arm_names_must_differ(tmp_path):
     with pytest.raises(SystemExit):
         bench.main(["--arm", "a", "--arm", "a=train.lr=1", "--work", str(tmp_path)])
+
+
+def test_an_arm_with_its_own_config_gets_its_own_preparation(tmp_path, monkeypatch):
+    fake = FakeNmt()
+    monkeypatch.setattr(bench, "nmt", fake)
+    monkeypatch.setattr(bench.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(bench, "select", lambda run: {"chosen": "best", "valid_bleu": {"best": 1.0}})
+    args = ["--arm", "base", "--arm", "mix", "--arm-config", "mix=configs/small-mix.yaml", "--work", str(tmp_path)]
+    assert bench.main([*args, "--mirror", "M"]) == 0
+    prepared = {(a[0], a[a.index("--config") + 1], Path(a[a.index("--run") + 1]).name) for a, _ in fake.calls}
+    assert {p for p in prepared if p[0] != "train"} == {
+        ("download", "configs/small.yaml", "prepared"),
+        ("vocab", "configs/small.yaml", "prepared"),
+        ("download", "configs/small-mix.yaml", "prepared-small-mix"),
+        ("vocab", "configs/small-mix.yaml", "prepared-small-mix"),
+    }
+    assert {(c, r) for s, c, r in prepared if s == "train"} == {
+        ("configs/small.yaml", "base"),
+        ("configs/small-mix.yaml", "mix"),
+    }
+    mix = (tmp_path / "mix" / "corpus" / "train.zh").stat().st_ino
+    assert mix == (tmp_path / "prepared-small-mix" / "corpus" / "train.zh").stat().st_ino
+    with pytest.raises(SystemExit):
+        bench.main(["--arm", "a", "--arm-config", "b=configs/x.yaml", "--work", str(tmp_path)])

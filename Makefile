@@ -3,9 +3,11 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 MIRROR  ?= ../shared/data
-CONFIG  ?= configs/small.yaml
+# make demo: the mix of every real corpus when the mirror has the scraped ones (research use only,
+# docs/data.md), else Tatoeba alone, which the hub also serves (a clone without the mirror).
+CONFIG  ?= $(if $(wildcard $(MIRROR)/youdao-examples-zh-en),configs/small-mix.yaml,configs/small.yaml)
 
-.PHONY: setup test test-fast test-kinds lint format docs demo demo-bt bench clean
+.PHONY: setup test test-fast test-kinds lint format docs demo demo-medium demo-bt bench clean
 
 $(BIN)/nmt: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -45,8 +47,14 @@ docs: setup
 # The local mirror is used when its directory exists; otherwise the corpus comes from the hub.
 demo: setup
 	$(if $(wildcard $(MIRROR)),NMT_MIRROR=$(MIRROR) )$(BIN)/nmt pipeline --config $(CONFIG)
-	$(BIN)/nmt translate "我爱 AI" "你好，世界。" "我明天要去北京。" "我在2024年买了一部iPhone 15，花了3.5%的工资。" "详情请见https://example.org，谢谢。"
+	$(BIN)/python scripts/everyday.py --run runs/$(basename $(notdir $(CONFIG)))
+	$(BIN)/nmt translate --run runs/$(basename $(notdir $(CONFIG))) "我爱 AI" "你好，世界。" "我明天要去北京。" "我在2024年买了一部iPhone 15，花了3.5%的工资。" "详情请见https://example.org，谢谢。"
 	@echo "Try it in a browser: $(BIN)/nmt serve   (then open http://127.0.0.1:8080/; API docs at /docs)"
+
+# The 60-minute recipe on every real corpus (needs the mirror's scraped corpora: research use only).
+demo-medium: setup
+	@test -d $(MIRROR)/youdao-examples-zh-en || { echo "demo-medium needs the mirror's youdao-examples-zh-en (MIRROR=$(MIRROR) or NMT_MIRROR)"; exit 1; }
+	$(MAKE) demo CONFIG=configs/medium.yaml
 
 # The back-translation recipe: reverse model (en→zh) → back-translate tatoeba-mono-en → forward model on
 # real + tagged synthetic pairs. Each step skips what is done, so an interrupted run goes on where it stopped.

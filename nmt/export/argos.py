@@ -55,6 +55,7 @@ from nmt.config import Config, DataConfig
 from nmt.errors import NmtError
 from nmt.export.argos_sbd import minisbd_model
 from nmt.export.ct2_model import ExportOptions, ExportSource, ensure_export, resolve_source
+from nmt.export.provenance import data_lines
 from nmt.files import atomic_path
 
 SUFFIX = ".argosmodel"
@@ -217,6 +218,10 @@ def readme(src: ExportSource, manifest: dict[str, Any]) -> str:
         f"- nmt's decoding: beam {d.beam}, length penalty {d.len_penalty}, "
         f"max length {d.max_len_a}·source + {d.max_len_b}",
         f"- CTranslate2 {manifest['ctranslate2_version']}; input digest `{manifest['inputs']}`",
+        "",
+        "## Training data",
+        "",
+        *data_lines(src.run_dir, c),
         "",
         "## Scores (nmt's own evaluation of the run, `<run>/eval/*.json`)",
         "",

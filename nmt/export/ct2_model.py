@@ -31,6 +31,7 @@ import yaml
 import nmt
 from nmt.config import YAML_LOADER, Config, config_from_dict, config_to_dict, load_config
 from nmt.errors import NmtError
+from nmt.export.provenance import training_data
 from nmt.files import replace_dir
 
 try:
@@ -165,6 +166,7 @@ def _write_export(src: ExportSource, out: Path, quantization: str | None, digest
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "inputs": digest,
             "config": config_to_dict(src.config),
+            "training_data": training_data(src.run_dir, src.config),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         replace_dir(tmp, out)

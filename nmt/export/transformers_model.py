@@ -72,6 +72,7 @@ from nmt import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt.config import Config, ModelConfig, config_to_dict
 from nmt.errors import NmtError
 from nmt.export.ct2_model import ExportOptions, ExportSource, resolve_source
+from nmt.export.provenance import data_lines
 from nmt.files import replace_dir
 
 if TYPE_CHECKING:
@@ -393,15 +394,6 @@ def _scores(run_dir: Path) -> list[str]:
     return lines
 
 
-def _data_lines(run_dir: Path, config: Config) -> list[str]:
-    """The run's corpus/DATA.md (corpora and licences) without its title, else the configured corpus."""
-    card = Path(run_dir) / "corpus" / "DATA.md"
-    if card.is_file():
-        body = card.read_text(encoding="utf-8").splitlines()
-        return [line for line in body if not line.startswith("# ")]
-    return [f"Corpus `{config.data.corpus}`; no corpus/DATA.md in the run, so its licence is not recorded here."]
-
-
 def model_card(src: ExportSource, manifest: dict[str, Any], command: str) -> str:
     """README.md of the folder: what it is, how to run it, data and licences, scores, differences, provenance."""
     c, m, d = src.config, src.config.model, src.config.decode
@@ -440,7 +432,7 @@ def model_card(src: ExportSource, manifest: dict[str, Any], command: str) -> str
         "",
         "## Training data and licence",
         "",
-        *_data_lines(src.run_dir, c),
+        *data_lines(src.run_dir, c),
         "",
         "The model's own licence follows its training data's terms above; nmt (the code) is Apache-2.0.",
         "",

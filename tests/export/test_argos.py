@@ -157,6 +157,7 @@ def test_package_layout_and_metadata(trained_run, package):
     assert "translate-zh_en-nmt/model/config.json" in names
     assert not any(n.endswith(("source.model", "target.model", "manifest.json")) for n in names)
     assert meta["from_code"] == "zh" and meta["to_code"] == "en"
+    assert "## Training data" in readme and manifest["training_data"]["corpora"]  # the run's corpus/DATA.md
     assert meta["from_name"] == "Chinese" and meta["to_name"] == "English"
     assert meta["type"] == "translate" and meta["package_version"] == "1.0" and meta["argos_version"] == "1.11"
     ckpt = find_inference_checkpoint(trained_run)

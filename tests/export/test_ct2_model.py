@@ -93,6 +93,8 @@ def test_export_manifest_and_reuse(trained_run, tmp_path):
     model = dataclasses.asdict(load_config(trained_run / "config.yaml").model)
     assert manifest["config"]["model"] == model
     assert manifest["nmt_version"]
+    stats = json.loads((trained_run / "corpus/stats.json").read_text(encoding="utf-8"))
+    assert manifest["training_data"] == stats["provenance"] and manifest["training_data"]["corpora"]
     assert (out / "source.model").read_bytes() == (trained_run / "vocab" / "zh.model").read_bytes()
     assert (out / "target.model").read_bytes() == (trained_run / "vocab" / "en.model").read_bytes()
     assert ctranslate2.contains_model(str(out))

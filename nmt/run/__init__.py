@@ -8,6 +8,8 @@
       corpus/stats.json                 counts kept and dropped per cleaning rule; bad lines by reason;
                                         with data.corpora, each training corpus's counts, weight and pairs
       corpus/manifest.json              sha256 and line count of every corpus file
+      corpus/DATA.md                    the training corpora, their sources and licences (research-only flagged)
+      corpus/<set>.{zh,en}              the more test sets of data.eval_sets (e.g. wmt_news.test)
       corpus.work/                      cleaned units while the corpus stage runs (a killed run resumes there)
       vocab/{zh,en}.model, .vocab       SentencePiece models; vocab/sample.{zh,en}: the lines they trained on
       bin/{split}/manifest.json         pairs, shards, token dtypes, bytes and sha256 of every file

@@ -104,6 +104,10 @@ class DataConfig:
     # Span kinds copied verbatim through placeholders (nmt/data/passthrough.py); [] turns pass-through off.
     passthrough: list[str] = field(default_factory=lambda: list(PASSTHROUGH_KINDS))
     protected_terms: list[str] = field(default_factory=list)  # always passed through (case-sensitive)
+    # the share of training pairs holding pass-through spans left unmasked (chosen by pair hash and
+    # data.seed), so that the model also learns to copy names and numbers from raw text, as exported
+    # models meet them (Argos, transformers); nmt's own runtimes still mask
+    passthrough_unmasked: float = 0.0
     backtranslation: BacktranslationConfig | None = None  # {corpus: DIR, tag: true, ...}; null = real pairs only
     # training corpora, each [{corpus: NAME} or {path: DIR}, weight: N]; [] = the train split of data.corpus.
     # Valid and test still come from data.corpus (or data.valid / data.test); dedup spans all of them
@@ -472,6 +476,7 @@ def _check_data(data: DataConfig, need: Need) -> None:
         need(kind in PASSTHROUGH_KINDS, "data.passthrough", f"unknown kind {kind!r}{suggest(kind, PASSTHROUGH_KINDS)}")
     for term in data.protected_terms:
         need(term.strip() == term != "" and "\n" not in term, "data.protected_terms", f"{term!r}: blank or padded term")
+    need(0.0 <= data.passthrough_unmasked <= 1.0, "data.passthrough_unmasked", "must be in [0, 1]")
     _check_corpora(data, need)
     # Host-dependent needs (flash attention needs CUDA) are checked where the model runs
     # (nmt.model.attention.resolve_backend), not here: a run trained on a GPU must load anywhere.

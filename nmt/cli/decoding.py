@@ -97,6 +97,14 @@ def eval_(
     checkpoint: CheckpointsOpt = None,
     beam: BeamOpt = None,
     greedy: Annotated[bool, typer.Option("--greedy", help="Also report greedy decoding.")] = False,
+    passthrough: Annotated[
+        bool,
+        typer.Option(
+            "--passthrough/--no-passthrough",
+            help="Mask names, numbers and URLs before the model (nmt's runtimes), or give it the raw text as "
+            "exported models get it (Argos, transformers); the report is then <name>.raw.",
+        ),
+    ] = True,
     device: DeviceOpt = "auto",
     precision: PrecisionOpt = "auto",
     engine: EngineOpt = DEFAULT_ENGINE,
@@ -118,20 +126,17 @@ def eval_(
     cfg, run_dir = setup_run(config, set_, run, create=False, need_model=True)
     names = name or [None] * len(src)
     jobs = [EvalJob(src=s, ref=r, name=n, greedy=greedy) for s, r, n in zip(src, ref, names, strict=True)]
-    evaluate_sets(
-        cfg,
+    opts = inference_options(
         run_dir,
-        jobs or [EvalJob(split=split, greedy=greedy)],
-        inference_options(
-            run_dir,
-            checkpoint,
-            device,
-            precision,
-            engine,
-            beam=beam,
-            sampling=sampling_options(sample_topk, sample_topp, temperature, seed),
-        ),
+        checkpoint,
+        device,
+        precision,
+        engine,
+        beam=beam,
+        sampling=sampling_options(sample_topk, sample_topp, temperature, seed),
     )
+    opts = dataclasses.replace(opts, passthrough=passthrough)
+    evaluate_sets(cfg, run_dir, jobs or [EvalJob(split=split, greedy=greedy)], opts)
 
 
 @user_errors

@@ -40,6 +40,7 @@ No placeholder character of the model's output reaches the user; whitespace is c
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -251,7 +252,9 @@ def describe(score: dict) -> str:
 class PairPrep:
     """What a pair of corpus lines becomes before SentencePiece sees it: normalised first when
     `raw` (valid/test keep their raw references in corpus/; train is normalised already), then
-    masked when pass-through is on. Picklable, so that the encoding workers and the vocabulary's
+    masked when pass-through is on, except, in train, the pairs `left_unmasked` picks
+    (`data.passthrough_unmasked`): those teach the model to copy spans from raw text. Picklable,
+    so that the encoding workers and the vocabulary's
     sampler run it where the pairs are (nothing is written to disk); the detector is compiled
     once per process, on first use."""
 
@@ -276,8 +279,22 @@ class PairPrep:
             return src, tgt, False
         if self._detector is None:
             self._detector = Detector.from_data(self.data)
-        masked, tgt = mask_pair(src, tgt, self._detector)
-        return masked.text, tgt, bool(masked.slots)
+        masked, out = mask_pair(src, tgt, self._detector)
+        if masked.slots and not self.raw and left_unmasked(src, tgt, self.data):
+            return src, tgt, False
+        return masked.text, out, bool(masked.slots)
+
+
+def left_unmasked(src: str, tgt: str, data: DataConfig) -> bool:
+    """Whether a training pair stays unmasked: its blake2b hash, keyed with `data.seed`, falls in
+    the first `data.passthrough_unmasked` of the range. Fixed by the pair and the seed alone, so
+    the same pairs in any worker, on any resume, in the vocabulary sample and in the shards."""
+    share = data.passthrough_unmasked
+    if share <= 0.0:
+        return False
+    key = data.seed.to_bytes(8, "little", signed=True)
+    digest = hashlib.blake2b(f"{src}\t{tgt}".encode(), digest_size=8, key=key).digest()
+    return int.from_bytes(digest, "little") < share * 2.0**64
 
 
 def pair_prep(data: DataConfig, split: str) -> PairPrep | None:

@@ -288,6 +288,8 @@ def _report_name(base: str, beam: int, config: Config, opts: InferenceOptions) -
     name += "" if opts.engine in ("native", "auto") else f".{opts.engine}"  # auto: the default answer
     if opts.ensemble:
         name += f".ensemble{1 + len(opts.ensemble)}"
+    if not opts.passthrough:
+        name += ".raw"
     if opts.sampling is not None:
         sm = opts.sampling
         name += f".sample-k{sm.topk}-p{sm.topp:g}-t{sm.temperature:g}-s{sm.seed}"

@@ -56,5 +56,8 @@ class InferenceOptions:
     sampling: Sampling | None = None  # draw tokens (top-k / top-p / temperature, seeded) instead of searching
     ensemble: tuple[Path, ...] = ()  # more checkpoints decoded with `checkpoint` as one model (native engine)
     threads: int = 0  # CPU threads of the CTranslate2 engine, fixed when it loads (0: `cpu_threads`)
+    # mask pass-through spans before the model (nmt's own runtimes); False: raw text in, as exported
+    # models get it in Argos, LibreTranslate or transformers (`nmt eval --no-passthrough`)
+    passthrough: bool = True
     rows: int = BATCH_ROWS  # rows of a typical decoding step: the native engine's int8 kernel is
     # the one measured fastest for it (`nmt.decode.precision`); ALONE_ROWS for a sentence at a time

@@ -133,6 +133,8 @@ class Translator:
             None, loaded.src_tok, loaded.tgt_tok, loaded.config, checkpoint=loaded.checkpoint, engine=loaded.engine
         )
         translator.sampling = opts.sampling
+        if not opts.passthrough:
+            translator.masker = None  # the raw path: the text goes to SentencePiece as it is
         print(f"{loaded.said}; {decodes_with(loaded.engine)}", file=sys.stderr)
         return translator
 

@@ -276,3 +276,32 @@ def test_text_without_latin_digits_or_backticks_holds_no_span_unless_a_term_is_p
     assert [s.text for s in ALL.find("他在家里看书2本。")] == ["2"]
     with_term = Detector(PASSTHROUGH_KINDS, terms=["北京大学"])
     assert [(s.text, s.kind) for s in with_term.find("他在北京大学看书。")] == [("北京大学", "marked")]
+
+
+# --------------------------------------------------------------------------- unmasked training pairs
+
+
+def test_a_seeded_share_of_training_pairs_stays_unmasked_and_the_same_on_every_call():
+    from nmt.data.passthrough import PairPrep, left_unmasked
+
+    pairs = [(f"我在{n}年买了一部iPhone。", f"I bought an iPhone in {n}.") for n in range(2000, 4000)]
+    data = DataConfig(passthrough_unmasked=0.25)
+    chosen = [left_unmasked(s, t, data) for s, t in pairs]
+    assert 0.2 < sum(chosen) / len(chosen) < 0.3
+    assert chosen == [left_unmasked(s, t, DataConfig(passthrough_unmasked=0.25)) for s, t in pairs]  # resumable
+    other_seed = [left_unmasked(s, t, DataConfig(passthrough_unmasked=0.25, seed=2)) for s, t in pairs]
+    assert other_seed != chosen
+    assert not any(left_unmasked(s, t, DataConfig()) for s, t in pairs)  # 0: every pair masked, as before
+
+    train, valid = PairPrep(data, raw=False), PairPrep(data, raw=True)
+    for (s, t), raw in zip(pairs[:200], chosen[:200], strict=True):
+        src, tgt, changed = train(s, t)
+        assert (src == s and tgt == t and not changed) if raw else (src != s and changed)
+        assert valid(s, t)[2]  # valid and test are always masked: nmt's runtimes mask
+    no_span = ("我爱你。", "I love you.")
+    assert PairPrep(DataConfig(passthrough_unmasked=1.0), raw=False)(*no_span) == (*no_span, False)
+
+
+def test_the_unmasked_share_is_checked_at_load():
+    with pytest.raises(ConfigError, match="data.passthrough_unmasked: must be in"):
+        config_from_dict({"data": {"passthrough_unmasked": 1.5}})

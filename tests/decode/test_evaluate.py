@@ -299,3 +299,23 @@ def test_the_model_line_names_the_checkpoint_its_update_and_the_decoding(tmp_pat
     )
     export = {"checkpoint": str(tmp_path), "decode": decode | {"engine": "ctranslate2"}}  # an export folder
     assert model_line(export) == f"{tmp_path.name}; beam 5, ctranslate2 bf16 on cpu"
+
+
+@pytest.mark.slow
+def test_the_raw_path_gives_the_model_unmasked_text_and_reports_beside_the_masked_one(trained_run, tmp_path):
+    """`nmt eval --no-passthrough`: what an exported model meets in Argos or transformers."""
+    from nmt.decode.translator import Translator
+
+    config = load_config(trained_run / "config.yaml")
+    masked = Translator.from_options(InferenceOptions(run_dir=trained_run), config)
+    raw = Translator.from_options(InferenceOptions(run_dir=trained_run, passthrough=False), config)
+    assert masked.masker is not None and raw.masker is None
+    src, ref = tmp_path / "names.zh", tmp_path / "names.en"
+    src.write_text("我爱 AI。\n我在2024年见过Tom。\n", encoding="utf-8")
+    ref.write_text("I love AI.\nI met Tom in 2024.\n", encoding="utf-8")
+    opts = InferenceOptions(run_dir=trained_run, passthrough=False, beam=1)
+    report = evaluate_run(config, trained_run, EvalJob(src=src, ref=ref, name="names"), opts, quiet=True)
+    assert report["passthrough"]["spans"] == 3  # scored on the same spans as the masked path
+    opts = InferenceOptions(run_dir=trained_run, passthrough=False, beam=1)
+    report = evaluate_run(config, trained_run, EvalJob(split="valid"), opts, quiet=True)
+    assert report["name"] == "valid.beam1.raw" and (trained_run / "eval/valid.beam1.raw.json").is_file()

@@ -21,7 +21,7 @@ $(BIN)/nmt: pyproject.toml
 setup: $(BIN)/nmt
 
 test: setup
-	$(BIN)/pytest -q -x --durations=10
+	$(BIN)/pytest -q -x -rs --durations=10
 
 # The edit loop: everything but the tests marked slow (they train a model or start processes).
 test-fast: setup

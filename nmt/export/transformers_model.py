@@ -1,6 +1,7 @@
 """Hugging Face transformers: `nmt export --format transformers` writes a run's checkpoint as a folder
-that `AutoModelForSeq2SeqLM.from_pretrained(dir)`, `AutoTokenizer.from_pretrained(dir)` and
-`pipeline("translation", model=dir)` load with the classes transformers ships (no remote code).
+that `AutoModelForSeq2SeqLM.from_pretrained(dir)` and `AutoTokenizer.from_pretrained(dir)` load
+with the classes transformers ships (no remote code); `pipeline("translation", model=dir)` runs it
+where the installed transformers still has that task (4.x: transformers 5 removed it).
 
 Optional extra (`pip install 'nmt[transformers]'`, transformers 5): this module imports without the
 package, and the export raises a one-line `NmtError` naming the extra when it is missing.

@@ -51,7 +51,7 @@ from nmt.data.dedup import first_occurrences
 from nmt.data.normalize import normalize_source, normalize_target, strip_text
 from nmt.data.readers import Source, cached_hub, check_aligned, count_lines, find_sources, path_source, read_split
 from nmt.data.recipes import SPLITS, BadLines, Recipe, get_recipe
-from nmt.data.sample import sample_masks
+from nmt.data.sample import keep_sample
 from nmt.data.synthetic_filter import cap_synthetic, filter_synthetic
 from nmt.errors import NmtError
 from nmt.files import atomic_path
@@ -118,19 +118,6 @@ def _write_units(cleaned: Cleaned, masks: list, fs: TextIO, ft: TextIO, copies: 
     return written
 
 
-def _selected(unique: list, data: DataConfig) -> tuple[list, int]:
-    """The masks after `data.max_train_pairs` (exactly k of the unique pairs, seeded), and how many it drops."""
-    if data.max_train_pairs is None:
-        return unique, 0
-    chosen = sample_masks([int(m.sum()) for m in unique], data.max_train_pairs, data.seed)
-    masks = []
-    for m, c in zip(unique, chosen, strict=True):
-        mask = m.copy()
-        mask[m] = c
-        masks.append(mask)
-    return masks, sum(int(m.sum()) for m in unique) - sum(int(m.sum()) for m in masks)
-
-
 def _write_train(corpora: list[TrainCorpus], data: DataConfig, tmp: dict[str, Path], held: Held, work: _Work) -> dict:
     """The training pairs of every corpus, cleaned, deduplicated across corpora, sampled and
     written with their weights; the split's stats (with one entry per corpus under `corpora`
@@ -139,7 +126,7 @@ def _write_train(corpora: list[TrainCorpus], data: DataConfig, tmp: dict[str, Pa
     cleaned, found = clean_corpora(corpora, data, held, folders, work.digest)
     unique = found.masks
     flat, sizes = [m for ms in unique for m in ms], [len(ms) for ms in unique]
-    chosen, _ = _selected(flat, data)
+    chosen = flat if data.max_train_pairs is None else keep_sample(flat, data.max_train_pairs, data.seed)[0]
     masks = per_corpus(chosen, sizes)
     real = data.backtranslation.real_upsample if data.backtranslation else 1  # a real:synthetic ratio
     stats = []

@@ -28,3 +28,15 @@ def sample_masks(sizes: Sequence[int], k: int, seed: int) -> list[np.ndarray]:
         mask[np.random.default_rng((seed, u)).choice(n, size=c, replace=False)] = True
         masks.append(mask)
     return masks
+
+
+def keep_sample(masks: Sequence[np.ndarray], k: int, seed: int) -> tuple[list[np.ndarray], int]:
+    """`masks` (per unit, the pairs still in) with only k of their True values left True, drawn
+    as `sample_masks` draws (all of them when there are no more than k); and how many it dropped."""
+    chosen = sample_masks([int(m.sum()) for m in masks], k, seed)
+    out = []
+    for m, c in zip(masks, chosen, strict=True):
+        mask = m.copy()
+        mask[m] = c
+        out.append(mask)
+    return out, sum(int(m.sum()) for m in masks) - sum(int(m.sum()) for m in out)

@@ -14,7 +14,7 @@ A weak reverse model fails in recognisable ways, which real pairs rarely show:
   tokens (a loop of several pieces).
 
 The cap (`ratio`): at most `ratio` × the real lines written (real_upsample copies count)
-synthetic pairs are kept, drawn uniformly with the data seed (`nmt.data.sample.sample_masks`).
+synthetic pairs are kept, drawn uniformly with the data seed (`nmt.data.sample.keep_sample`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 
 from nmt.config import DataConfig
 from nmt.data.clean import Cleaned, length_ratio, unit_path
-from nmt.data.sample import sample_masks
+from nmt.data.sample import keep_sample
 
 SYNTHETIC_RULES = ("bt_ratio", "char_run", "token_share")
 SHARE_MIN_TOKENS = 8  # shorter sides are not judged by token share (two of five is ordinary)
@@ -97,10 +97,4 @@ def cap_synthetic(masks: list[np.ndarray], real_lines: int, data: DataConfig) ->
     ratio = data.backtranslation.ratio
     if ratio is None:
         return masks, 0
-    chosen = sample_masks([int(m.sum()) for m in masks], math.floor(ratio * real_lines), data.seed)
-    out = []
-    for m, c in zip(masks, chosen, strict=True):
-        mask = m.copy()
-        mask[m] = c
-        out.append(mask)
-    return out, sum(int(m.sum()) for m in masks) - sum(int(m.sum()) for m in out)
+    return keep_sample(masks, math.floor(ratio * real_lines), data.seed)

@@ -24,7 +24,6 @@ option. Importable without the optional package (nmt/decode/ct2.py checks for it
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,6 +31,7 @@ import numpy as np
 from nmt import BOS_ID, EOS_ID, UNK_ID
 from nmt.config import ModelConfig
 from nmt.errors import NmtError
+from nmt.export.model_options import refuse_unsupported
 
 if TYPE_CHECKING:
     import torch
@@ -46,21 +46,11 @@ except ImportError:  # the optional extra is not installed
 # option) is refused rather than exported wrongly.
 _ACTIVATIONS = {"relu": "RELU", "gelu": "GELU"}  # torch's F.gelu is the exact (erf) GELU
 _SUPPORTED = {"activation": set(_ACTIVATIONS), "norm": {"pre", "post"}, "positions": {"sinusoidal", "learned"}}
-_SHAPE = {"d_model", "heads", "encoder_layers", "decoder_layers", "ffn_dim", "max_positions", "tie_embeddings"}
-_NOT_IN_WEIGHTS = {"dropout", "attention_dropout", "activation_dropout", "attention"}  # training-time or kernel choices
 
 
 def check_representable(cfg: ModelConfig) -> None:
     """NmtError naming the first model option CTranslate2's Transformer spec cannot express."""
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if f.name in _SUPPORTED and value not in _SUPPORTED[f.name]:
-            raise NmtError(
-                f"model.{f.name}: {value!r} cannot be exported to CTranslate2 "
-                f"(supported: {' | '.join(sorted(_SUPPORTED[f.name]))})"
-            )
-        if f.name not in _SUPPORTED and f.name not in _SHAPE and f.name not in _NOT_IN_WEIGHTS:
-            raise NmtError(f"model.{f.name}: option unknown to the CTranslate2 exporter; this model cannot be exported")
+    refuse_unsupported(cfg, _SUPPORTED, "CTranslate2")
 
 
 # --------------------------------------------------------------------------- the converter

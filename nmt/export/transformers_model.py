@@ -58,7 +58,6 @@ Folder: config.json, generation_config.json, model.safetensors, the tokenizer fi
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import os
@@ -73,6 +72,7 @@ from nmt import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt.config import Config, ModelConfig, config_to_dict
 from nmt.errors import NmtError
 from nmt.export.ct2_model import ExportOptions, ExportSource, resolve_source
+from nmt.export.model_options import refuse_unsupported
 from nmt.export.provenance import data_lines
 from nmt.files import replace_dir
 
@@ -87,8 +87,6 @@ LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, nmt's and both HF classes
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu"}  # HF "gelu" is the exact (erf) GELU, as torch's F.gelu
 _CLASSES = {"pre": "PegasusForConditionalGeneration", "post": "MarianMTModel"}
 _SUPPORTED = {"activation": set(_ACTIVATIONS), "norm": set(_CLASSES), "positions": {"sinusoidal", "learned"}}
-_SHAPE = {"d_model", "heads", "encoder_layers", "decoder_layers", "ffn_dim", "max_positions", "tie_embeddings"}
-_NOT_IN_WEIGHTS = {"dropout", "attention_dropout", "activation_dropout", "attention"}  # training-time or kernel choices
 
 
 def installed() -> bool:
@@ -110,17 +108,7 @@ def require_transformers() -> Any:
 
 def check_exportable(cfg: ModelConfig) -> None:
     """NmtError naming the first model option that no transformers class reproduces exactly."""
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if f.name in _SUPPORTED and value not in _SUPPORTED[f.name]:
-            raise NmtError(
-                f"model.{f.name}: {value!r} cannot be exported to transformers "
-                f"(supported: {' | '.join(sorted(_SUPPORTED[f.name]))})"
-            )
-        if f.name not in _SUPPORTED and f.name not in _SHAPE and f.name not in _NOT_IN_WEIGHTS:
-            raise NmtError(
-                f"model.{f.name}: option unknown to the transformers exporter; this model cannot be exported"
-            )
+    refuse_unsupported(cfg, _SUPPORTED, "transformers")
     if cfg.d_model % 2:
         raise NmtError(f"model.d_model: {cfg.d_model} is odd; transformers' sinusoids need an even d_model")
 

@@ -7,8 +7,11 @@ Every fixture here works without the real data mirror. `shared_data` gives the r
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -177,3 +180,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def warns(match: str = ""):
+    """The block must `nmt.errors.warn` (a `warning: ...` line on stderr), one of its lines matching
+    `match` (a regex) when given; what it printed is in the yielded buffer."""
+    buf = io.StringIO()
+    with contextlib.redirect_stderr(buf):
+        yield buf
+    said = [line for line in buf.getvalue().splitlines() if line.startswith("warning: ")]
+    assert said, f"no warning line; stderr was {buf.getvalue()!r}"
+    assert not match or any(re.search(match, line) for line in said), f"no warning matches {match!r}: {said}"

@@ -36,7 +36,6 @@ import hashlib
 import itertools
 import json
 import shutil
-import warnings
 from pathlib import Path
 from typing import TextIO
 
@@ -53,7 +52,7 @@ from nmt.data.readers import Source, cached_hub, check_aligned, count_lines, fin
 from nmt.data.recipes import SPLITS, BadLines, Recipe, get_recipe
 from nmt.data.sample import keep_sample
 from nmt.data.synthetic_filter import cap_synthetic, filter_synthetic
-from nmt.errors import NmtError
+from nmt.errors import NmtError, warn
 from nmt.files import atomic_path
 from nmt.run.stamps import clear_stamp, hash_files, stage_is_done, write_stamp
 
@@ -316,7 +315,7 @@ def _write_corpus(
         stats["valid"], _, _ = _write_eval(sources["valid"], recipe, data, "valid", tmp, held)
         stats["test"], bad, labels = _write_eval(sources["test"], recipe, data, "test", tmp, held)
         if sources["test"].kind == "none":
-            warnings.warn(f"corpus {recipe.name!r} has no test split; {out}/test.* are empty", stacklevel=2)
+            warn(f"corpus {recipe.name!r} has no test split; {out}/test.* are empty")
         if codes:
             _write_codes(sources["test"], bad, stats["test"]["read"], tmp["test.codes"], labels)
         if extra:

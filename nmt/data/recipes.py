@@ -8,11 +8,10 @@ The one module that both the file readers (`nmt.data.readers`) and the hub reade
 from __future__ import annotations
 
 import hashlib
-import warnings
 from dataclasses import dataclass
 
 from nmt.config_values import suggest
-from nmt.errors import NmtError
+from nmt.errors import NmtError, warn
 
 
 @dataclass(frozen=True)
@@ -166,7 +165,7 @@ class BadLines:
             msg = f"{self.label}:{self.first}: {self.reason} (skipped {self.count} bad line{plural})"
             if len(self.reasons) > 1:
                 msg += "; " + ", ".join(f"{n} {r} (first line {k})" for r, (n, k) in sorted(self.reasons.items()))
-            warnings.warn(msg, stacklevel=3)
+            warn(msg)
 
 
 def pair_from_record(obj: object, src: str, tgt: str) -> tuple[str, str] | str:

@@ -56,7 +56,7 @@ from nmt.data.readers import count_lines
 from nmt.data.recipes import SPLITS
 from nmt.data.tokenizer import Tokenizer
 from nmt.data.vocab_sample import draw_sample
-from nmt.errors import NmtError
+from nmt.errors import NmtError, warn
 from nmt.files import atomic_path
 from nmt.run.dirs import checkpoint_run
 from nmt.run.stamps import clear_stamp, hash_files, stage_is_done, stamp_path, write_stamp
@@ -278,7 +278,7 @@ def train_models(config: Config, run_dir: Path, langs: tuple[str, str]) -> dict:
     results = _in_processes(_train_side, jobs, 2 if v.workers >= 2 else 1, folder)
     for _, caught in results:
         for message in caught:
-            warnings.warn(message, UserWarning, stacklevel=3)
+            warn(message)
     return {lang: r | {"sample": s} for lang, (r, _), s in zip(langs, results, stats, strict=True)}
 
 

@@ -23,9 +23,8 @@ import torch
 from nmt import BOS_ID, EOS_ID
 from nmt.config import ModelConfig
 from nmt.decode.options import ALONE_ROWS, BATCH_ROWS, REFERENCE_PRECISION
-from nmt.errors import NmtError
+from nmt.errors import NmtError, warn_once
 from nmt.hw import host
-from nmt.hw.device import warn_once
 from nmt.hw.host import interleaved_times, positive_times, probe, spread, steady
 from nmt.model.convert import INT8_KERNELS, inference_model, int8_kernels
 from nmt.model.fast_decoder import fast_decoder
@@ -73,7 +72,7 @@ def _warn_if_slow(precision: str, times: dict[str, float]) -> None:
         return
     fastest = min(times, key=lambda p: times[p])
     warn_once(
-        f"warning: --precision {precision} runs {times[precision] / times['fp32']:.1f}x slower than fp32 "
+        f"--precision {precision} runs {times[precision] / times['fp32']:.1f}x slower than fp32 "
         f"on this CPU ({host.current().describe()}); {fastest} is the fastest here"
     )
 

@@ -19,14 +19,12 @@ it runs), so that a choice is stable across processes on one machine.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
-import sys
 from collections.abc import Callable, Iterator
 
 import torch
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, warn_once
 from nmt.hw import host
 from nmt.hw.cores import available_cores
 from nmt.hw.host import interleaved_times, probe, spread, steady
@@ -88,12 +86,6 @@ def resolve_precision(device: torch.device, precision: str) -> str:
     return "bf16" if fast_bf16_available(device) else "fp32"
 
 
-@functools.lru_cache(maxsize=64)
-def warn_once(message: str) -> None:
-    """Print `message` on stderr once per process (a warning repeated per batch is noise)."""
-    print(message, file=sys.stderr)
-
-
 def check_precision(device: torch.device, precision: str) -> None:
     """Raise NmtError for a precision the device cannot train in; one warning line (once) for bf16
     on a CPU where it runs emulated, far slower than fp32."""
@@ -107,7 +99,7 @@ def check_precision(device: torch.device, precision: str) -> None:
         if not here.has("matmul-bf16"):
             raise NmtError(f"train.precision: bf16 does not run on this CPU ({here.why_not('matmul-bf16')}); use fp32")
         if not fast_bf16_available(device):
-            warn_once(f"warning: train.precision bf16 is emulated on this CPU ({here.describe()}), slower than fp32")
+            warn_once(f"train.precision bf16 is emulated on this CPU ({here.describe()}), slower than fp32")
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise NmtError("train.precision: this GPU has no bf16 support; use fp16")
 

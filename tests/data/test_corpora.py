@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import warns
 from synthetic import pairs, write_plain
 
 from nmt.config import DataConfig, config_from_dict, config_to_yaml
@@ -155,7 +156,7 @@ def test_a_hub_corpus_among_them_is_downloaded_once(tmp_path, inputs, monkeypatc
     hub = FakeHub(monkeypatch, tmp_path / "hf", tables)
     raw = {"name": "t", "data": {"corpus": "wmt19", "workers": 1}}
     raw["data"]["corpora"] = [{"path": str(mine), "weight": 2}, {"corpus": "wmt19"}]
-    with pytest.warns(UserWarning, match="'wmt19' has no test split"):
+    with warns("'wmt19' has no test split"):
         first = prepare_corpus(config_from_dict(raw), tmp_path / "a")
     expected = [f"zh-en/{split}-{i:05d}-of-00002.parquet" for split in ("train", "validation") for i in (0, 1)]
     assert sorted(hub.downloads) == expected  # two files a split, each once
@@ -163,7 +164,7 @@ def test_a_hub_corpus_among_them_is_downloaded_once(tmp_path, inputs, monkeypatc
     assert mine_stats["kept"] == len(MINE) + len(SHARED) and mine_stats["pairs"] == 2 * mine_stats["kept"]
     assert hub_stats["kept"] == len(MAIN) - len(SHARED) and hub_stats["dropped"]["duplicate"] == len(SHARED)
     hub.downloads.clear()
-    with pytest.warns(UserWarning, match="no test split"):
+    with warns("no test split"):
         second = prepare_corpus(config_from_dict(raw), tmp_path / "b")
     assert hub.downloads == [] and second == first
 

@@ -10,6 +10,7 @@ import types
 from pathlib import Path
 
 import pytest
+from conftest import warns
 
 from nmt.config import Config, config_from_dict
 from nmt.data.clean import length_ratio
@@ -229,7 +230,7 @@ def test_hub_path_streams_with_datasets_when_the_files_are_not_parquet(tmp_path,
     fake = types.SimpleNamespace(load_dataset=load_dataset, load_dataset_builder=load_dataset_builder)
     monkeypatch.setitem(sys.modules, "datasets", fake)
     monkeypatch.setattr("nmt.data.hub.check_reachable", lambda dataset: None)
-    with pytest.warns(UserWarning, match="record missing 'en'"):
+    with warns("record missing 'en'"):
         stats = prepare_corpus(config(corpus="wmt17"), tmp_path / "run")
     assert {c[2] for c in calls} == {"train", "validation", "test"} and all(c[3] for c in calls)
     assert calls[0][:2] == (RECIPES["wmt17"].hub, "zh-en") and stats["train"]["kept"] == 4
@@ -239,7 +240,7 @@ def test_test_codes_are_copied_and_stay_aligned(tmp_path):
     root = mirror(tmp_path / "m", subdir="")
     write_jsonl(root / "test.jsonl", TEST, raw_lines={1: b"{broken"})
     (root / "test.codes.txt").write_text("cmn_Hans\ncmn_Hant\ncmn\n")
-    with pytest.warns(UserWarning, match=r"test.jsonl:2: invalid JSON"):
+    with warns(r"test.jsonl:2: invalid JSON"):
         prepare_corpus(config(), tmp_path / "run", mirror=str(root))
     out = tmp_path / "run/corpus"
     assert lines(out / "test.codes") == ["cmn_Hans", "cmn"] and len(lines(out / "test.zh")) == 2
@@ -251,7 +252,7 @@ def test_test_codes_are_copied_and_stay_aligned(tmp_path):
 def test_malformed_json_line_is_skipped_with_warning(tmp_path):
     root = mirror(tmp_path / "m", subdir="")
     write_jsonl(root / "train.jsonl", TRAIN, raw_lines={1: b'{"translation": {"zh": "x"', 3: b"not json"})
-    with pytest.warns(UserWarning, match=r"train\.jsonl:2: invalid JSON \(skipped 2 bad lines\)"):
+    with warns(r"train\.jsonl:2: invalid JSON \(skipped 2 bad lines\)"):
         stats = prepare_corpus(config(), tmp_path / "run", mirror=str(root))
     assert stats["train"]["dropped"]["bad_line"] == 2 and stats["train"]["kept"] == 4
     check_invariant(stats)
@@ -260,7 +261,7 @@ def test_malformed_json_line_is_skipped_with_warning(tmp_path):
 def test_record_missing_a_language_is_skipped(tmp_path):
     root = mirror(tmp_path / "m", subdir="")
     write_jsonl(root / "train.jsonl", TRAIN, raw_lines={0: json.dumps({"translation": {"zh": "只有中文"}}).encode()})
-    with pytest.warns(UserWarning, match=r"train\.jsonl:1: record missing 'en' \(skipped 1 bad line\)"):
+    with warns(r"train\.jsonl:1: record missing 'en' \(skipped 1 bad line\)"):
         stats = prepare_corpus(config(), tmp_path / "run", mirror=str(root))
     assert stats["train"]["dropped"]["bad_line"] == 1
 
@@ -268,7 +269,7 @@ def test_record_missing_a_language_is_skipped(tmp_path):
 def test_invalid_utf8_is_skipped(tmp_path):
     root = mirror(tmp_path / "m", subdir="")
     write_jsonl(root / "train.jsonl", TRAIN, raw_lines={2: b'{"translation": {"zh": "\xff\xfe", "en": "x"}}'})
-    with pytest.warns(UserWarning, match=r"train\.jsonl:3: invalid UTF-8"):
+    with warns(r"train\.jsonl:3: invalid UTF-8"):
         stats = prepare_corpus(config(), tmp_path / "run", mirror=str(root))
     assert stats["train"]["dropped"]["bad_line"] == 1 and stats["train"]["kept"] == 4
 
@@ -276,7 +277,7 @@ def test_invalid_utf8_is_skipped(tmp_path):
 def test_split_with_nothing_usable_names_the_file(tmp_path):
     root = mirror(tmp_path / "m", subdir="")
     (root / "train.jsonl").write_bytes(b"nope\n{}\n")
-    with pytest.warns(UserWarning), pytest.raises(NmtError, match=r"train\.jsonl: no usable train pairs"):
+    with warns(), pytest.raises(NmtError, match=r"train\.jsonl: no usable train pairs"):
         prepare_corpus(config(), tmp_path / "run", mirror=str(root))
 
 
@@ -323,7 +324,7 @@ def test_corpus_without_train_split(tmp_path):
 def test_failure_leaves_no_partial_files(tmp_path):
     root = mirror(tmp_path / "m", subdir="")
     (root / "train.jsonl").write_bytes(b"garbage\n")
-    with pytest.warns(UserWarning), pytest.raises(NmtError):
+    with warns(), pytest.raises(NmtError):
         prepare_corpus(config(), tmp_path / "run", mirror=str(root))
     assert list((tmp_path / "run/corpus").iterdir()) == []  # valid/test were written to temp files only
 
@@ -335,7 +336,7 @@ def test_failed_rerun_keeps_previous_corpus(tmp_path):
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     write_jsonl(root / "validation.jsonl", [("新的", "new")])
     (root / "train.jsonl").write_bytes(b"garbage\n")
-    with pytest.warns(UserWarning), pytest.raises(NmtError):
+    with warns(), pytest.raises(NmtError):
         prepare_corpus(config(), tmp_path / "run", mirror=str(root))
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert not (tmp_path / "run/download.stamp.json").exists()  # so the next call redoes it
@@ -670,9 +671,8 @@ def test_every_bad_line_is_counted_by_reason_with_its_first_line(tmp_path, monke
         rows.insert(i, bad[i])
     root = mirror(tmp_path / "m", subdir="")
     (root / "train.jsonl").write_bytes(b"\n".join(rows) + b"\n")
-    with pytest.warns(
-        UserWarning,
-        match=r"train\.jsonl:31: invalid UTF-8 \(skipped 8 bad lines\); 2 NUL byte \(first line 32\), .*"
+    with warns(
+        r"train\.jsonl:31: invalid UTF-8 \(skipped 8 bad lines\); 2 NUL byte \(first line 32\), .*"
         r"2 invalid JSON \(first line 401\)",
     ):
         stats = prepare_corpus(config(workers=2), tmp_path / "run", mirror=str(root))
@@ -738,7 +738,7 @@ def test_bad_lines_of_plain_files_are_counted_by_reason(tmp_path, monkeypatch):
     zh[10], en[150], zh[250] = b"\xff\xfe", b"a\x00b", "长".encode() * (4 << 20)
     (root / "train.zh").write_bytes(b"\n".join(zh) + b"\n")
     (root / "train.en").write_bytes(b"\n".join(en) + b"\n")
-    with pytest.warns(UserWarning, match=r"train\.zh\+\.en:11: invalid UTF-8 \(skipped 3 bad lines\)"):
+    with warns(r"train\.zh\+\.en:11: invalid UTF-8 \(skipped 3 bad lines\)"):
         stats = prepare_corpus(config(workers=2), tmp_path / "run", mirror=str(root))
     assert stats["train"]["bad_lines"] == {
         "NUL byte": {"count": 1, "first_line": 151},

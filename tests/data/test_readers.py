@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from conftest import warns
 
 from nmt.config import DataConfig
 from nmt.data.readers import Source, find_sources, read_split
@@ -19,7 +20,7 @@ def test_jsonl_reader_streams_pairs_and_counts_bad_lines(tmp_path):
     rows = list(read_split(source, RECIPES["tatoeba"], DataConfig(), bad))
     assert rows == [(1, "你好", "Hello"), (5, "你好", "Hello")]
     assert bad.count == 3 and bad.first == 2 and bad.reason == "invalid JSON"
-    with pytest.warns(UserWarning, match=r"train\.jsonl:2: invalid JSON \(skipped 3 bad lines\)"):
+    with warns(r"train\.jsonl:2: invalid JSON \(skipped 3 bad lines\)"):
         bad.warn()
 
 

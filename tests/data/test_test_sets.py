@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import warns
 from synthetic import pairs, write_plain
 
 from nmt.config import config_from_dict
@@ -53,7 +54,7 @@ def test_wmt19_test_set_from_the_mirror_folder(tmp_path):
 
 
 def test_wmt19_without_a_test_set_warns_and_writes_it_empty(tmp_path):
-    with pytest.warns(UserWarning, match="'wmt19' has no test split"):
+    with warns("'wmt19' has no test split"):
         stats, out = prepare(tmp_path, "run", wmt19_mirror(tmp_path / "m", test=False))
     assert lines(out / "test.zh") == [] and stats["test"]["kept"] == 0
 

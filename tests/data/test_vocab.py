@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import warns
 
 from nmt import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt.config import Config, config_from_dict
@@ -231,7 +232,7 @@ def test_bpe_is_selectable(real_run, tmp_path):
 def test_too_small_vocab_keeps_only_frequent_chars_with_byte_fallback(real_run, tmp_path):
     run = copy_run(tmp_path, real_run)
     cfg = config({"src_size": 400, "tgt_size": 200})
-    with pytest.warns(UserWarning, match=r"vocab\.src_size=400: \d+ of \d+ characters fit"):
+    with warns(r"vocab\.src_size=400: \d+ of \d+ characters fit"):
         report = build_vocab(cfg, run)
     assert report["zh"]["vocab_size"] == 400 and report["zh"]["chars_limited"]
     assert report["zh"]["valid_unk_rate"] == 0.0
@@ -251,7 +252,7 @@ def test_vocab_larger_than_corpus_supports_is_trained_smaller(tmp_path):
         (run / f"corpus/{split}.zh").write_text("我爱你。\n你好。\n" * 5, encoding="utf-8")
         (run / f"corpus/{split}.en").write_text("I love you.\nHello.\n" * 5, encoding="utf-8")
     cfg = config({"src_size": 500, "tgt_size": 300, "workers": 1})
-    with pytest.warns(UserWarning, match=r"vocab\.tgt_size=300 is more than .*train\.en supports"):
+    with warns(r"vocab\.tgt_size=300 is more than .*train\.en supports"):
         report = build_vocab(cfg, run)
     assert report["en"]["vocab_size"] < 300 and report["en"]["requested_size"] == 300
 

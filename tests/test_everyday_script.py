@@ -23,7 +23,8 @@ def test_the_checked_in_sentences_align_and_are_not_blank():
 
 
 @pytest.mark.slow
-def test_every_sentence_is_printed_with_the_run_s_output_and_its_reference(trained_run, capsys):
+def test_every_sentence_is_printed_with_the_run_s_output_and_its_reference(trained_run, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "240")  # rich wraps the table to the terminal: one row a line here
     assert script.main(["--run", str(trained_run), "--engine", "native", "--beam", "1"]) == 0
     out = capsys.readouterr().out
     hyps = (trained_run / "eval/everyday.hyp").read_text(encoding="utf-8").splitlines()

@@ -60,7 +60,9 @@ def test_engines_agree_on_a_trained_model(trained_run):
         a, b = a[: len(src)], b[: len(src)]
         bleu_a, bleu_b = score(a, ref)["bleu"], score(b, ref)["bleu"]
         assert_learned("tiny-pipeline/ct2_valid_bleu", bleu_a, 20)  # the model learned something
-        assert abs(bleu_a - bleu_b) <= 0.2, f"beam {beam}: BLEU {bleu_a:.2f} vs {bleu_b:.2f}"
+        # the engines' fp32 kernels sum in other orders: the few lines that differ (<= 2%) move the BLEU
+        # of this small set by up to ~0.3 (0.27 at beam 5 on an AMD EPYC with AVX2 only, 2026-12-05)
+        assert abs(bleu_a - bleu_b) <= 0.4, f"beam {beam}: BLEU {bleu_a:.2f} vs {bleu_b:.2f}"
 
 
 @pytest.mark.slow

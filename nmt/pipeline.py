@@ -18,7 +18,8 @@ from typing import TypeVar
 from nmt.config import Config, config_to_dict, stamp_sections
 from nmt.errors import NmtError
 from nmt.files import atomic_write_text
-from nmt.run.stamps import hash_files, stage_is_done, stamp_path, write_stamp
+from nmt.run.layout import RunDir
+from nmt.run.stamps import hash_files, stage_is_done, write_stamp
 
 T = TypeVar("T")
 
@@ -52,7 +53,7 @@ def prepare_data(
 
     stages: dict[str, str] = {}
     _log_stage("download")
-    if keep_corpus and stamp_path(run_dir, "download").is_file():
+    if keep_corpus and RunDir(run_dir).stamp("download").is_file():
         stages["download"] = "skipped"
     else:
         stages["download"] = _ran(run_dir, "download", lambda: prepare_corpus(config, run_dir, mirror=mirror))
@@ -76,7 +77,7 @@ def prepare_and_train(config: Config, run_dir: Path, *, restart: bool = False, m
     check_host(config)
     if config.train.init_from:
         check_init(config)  # direction and shape, before copying vocabularies and encoding
-    marker = run_dir / f".prepared-{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}"
+    marker = RunDir(run_dir).prepared_marker(os.environ.get("TORCHELASTIC_RUN_ID", "none"))
     if env_info().is_main:
         prepare_data(config, run_dir, mirror, keep_corpus=mirror is None)
         if env_info().world_size > 1:
@@ -103,7 +104,7 @@ def _after_training(run_dir: Path, stage: str, fn: Callable[[], T]) -> T:
     except KeyboardInterrupt:
         raise
     except Exception as e:  # noqa: BLE001 — reported in one line; the details are in the log
-        log = run_dir / "pipeline-error.log"
+        log = RunDir(run_dir).pipeline_error_log
         with contextlib.suppress(OSError):
             atomic_write_text(log, traceback.format_exc())
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -122,7 +123,7 @@ def _log_stage(name: str) -> None:
 
 def _ran(run_dir: Path, stage: str, fn) -> str:
     """Call a stage that stamps itself; report whether it did work (its stamp changed)."""
-    stamp = run_dir / f"{stage}.stamp.json"
+    stamp = RunDir(run_dir).stamp(stage)
     before = stamp.read_text(encoding="utf-8") if stamp.is_file() else None
     fn()
     after = stamp.read_text(encoding="utf-8") if stamp.is_file() else None
@@ -146,7 +147,7 @@ def train_stage(config: Config, run_dir: Path) -> str:
         return "skipped"
     # A stamp with other inputs means the data or the model changed after a finished run:
     # its checkpoints belong to the old inputs, so start over. No stamp: resume.
-    summary = train(config, run_dir, restart=stamp_path(run_dir, "train").is_file())
+    summary = train(config, run_dir, restart=RunDir(run_dir).stamp("train").is_file())
     write_stamp(run_dir, "train", digest, {"summary": _plain(summary)})
     return "ran"
 
@@ -162,22 +163,21 @@ def select_stage(config: Config, run_dir: Path) -> str:
     from nmt.decode.options import InferenceOptions
     from nmt.run.weights import average_last, write_final
 
-    ckpt_dir = run_dir / "checkpoints"
-    trained = sorted(ckpt_dir.glob("step_*.safetensors")) + sorted(ckpt_dir.glob("best.safetensors"))
+    run = RunDir(run_dir)
+    trained = sorted(run.checkpoints.glob("step_*.safetensors")) + [p for p in [run.best] if p.is_file()]
     digest = hash_files(trained, "select")
-    final = ckpt_dir / "final.safetensors"
-    if final.is_file() and stage_is_done(run_dir, "select", digest):
+    if run.final.is_file() and stage_is_done(run_dir, "select", digest):
         return "skipped"
-    candidates = {"averaged": average_last(run_dir, config.train.keep_last, ckpt_dir / "averaged.safetensors").path}
-    if (ckpt_dir / "best.safetensors").is_file():
-        candidates["best"] = ckpt_dir / "best.safetensors"
+    candidates = {"averaged": average_last(run_dir, config.train.keep_last, run.averaged).path}
+    if run.best.is_file():
+        candidates["best"] = run.best
     scores = {}
     for name, path in candidates.items():
         job = EvalJob(split="valid", name=f"select-{name}")
         report = evaluate_run(config, run_dir, job, InferenceOptions(run_dir=run_dir, checkpoint=path))
         scores[name] = report["bleu"]
     winner = max(scores, key=lambda k: scores[k])
-    write_final(ckpt_dir, candidates[winner], winner)
+    write_final(run.checkpoints, candidates[winner], winner)
     write_stamp(run_dir, "select", digest, {"valid_bleu": scores, "chosen": winner})
     return "ran"
 
@@ -191,16 +191,17 @@ def eval_stage(config: Config, run_dir: Path) -> tuple[str, dict]:
     from nmt.decode.evaluate import EvalJob, evaluate_sets
     from nmt.decode.options import InferenceOptions
 
-    final = run_dir / "checkpoints" / "final.safetensors"
+    run = RunDir(run_dir)
+    final = run.final
     names = [eval_set_name(e) for e in config.data.eval_sets]
     digest = hash_files([final], {"decode": config_to_dict(config)["decode"]} | ({"sets": names} if names else {}))
-    paths = [run_dir / "eval" / f"{name}.json" for name in ("test", *names)]
+    paths = [run.eval_report(name) for name in ("test", *names)]
     if stage_is_done(run_dir, "eval", digest) and all(p.is_file() for p in paths):
         reports = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
         return "skipped", _with_sets(reports, names)
-    corpus, (src, tgt) = run_dir / "corpus", (config.data.src_lang, config.data.tgt_lang)
+    src, tgt = config.data.src_lang, config.data.tgt_lang
     jobs = [EvalJob(split="test", name="test")]
-    jobs += [EvalJob(src=corpus / f"{n}.{src}", ref=corpus / f"{n}.{tgt}", name=n) for n in names]
+    jobs += [EvalJob(src=run.corpus_file(n, src), ref=run.corpus_file(n, tgt), name=n) for n in names]
     reports = evaluate_sets(config, run_dir, jobs, InferenceOptions(run_dir=run_dir, checkpoint=final))
     write_stamp(run_dir, "eval", digest)
     return "ran", _with_sets(reports, names)
@@ -217,7 +218,7 @@ def export_stage(run_dir: Path) -> str:
     or for a model CTranslate2 cannot express (the reason is printed)."""
     from nmt.export.ct2_model import ExportOptions, export_run, fresh_export, installed
 
-    final = run_dir / "checkpoints" / "final.safetensors"
+    final = RunDir(run_dir).final
     if not installed() or fresh_export(run_dir, final) is not None:
         return "skipped"
     try:

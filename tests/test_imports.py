@@ -14,6 +14,7 @@ module of the ground floor.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 NMT = Path(__file__).resolve().parents[1] / "nmt"
@@ -185,3 +186,72 @@ def test_every_subpackage_is_a_room_on_a_floor():
     packages = {p.parent.name for p in NMT.glob("*/__init__.py")}
     assert packages == {"hw", "run", "data", "model", "export", "train", "decode", "serve", "cli"}
     assert packages <= set().union(*FLOORS)
+
+
+# --------------------------------------------------------------------------- the run directory's names
+
+RUN_VARIABLE = re.compile(r"(^|_)run(_dir)?$")  # run, run_dir, src.run_dir, checkpoint_run(...), reverse_run
+
+
+def names_a_run(node: ast.expr) -> bool:
+    """Whether `node` is, by its name, a run directory: a variable or attribute named like one, a
+    call of a function named like one (`checkpoint_run(path)`), or `Path(...)` of either."""
+    if isinstance(node, ast.Name):
+        return bool(RUN_VARIABLE.search(node.id))
+    if isinstance(node, ast.Attribute):
+        return bool(RUN_VARIABLE.search(node.attr))
+    if isinstance(node, ast.Call):
+        if isinstance(node.func, ast.Name) and node.func.id == "Path":
+            return len(node.args) == 1 and names_a_run(node.args[0])
+        return names_a_run(node.func)
+    return False
+
+
+def is_a_name(node: ast.expr) -> bool:
+    """A string literal, an f-string or a constant (`TB_DIR`): a file or folder name."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    return isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Name) and node.id.isupper())
+
+
+def hand_built_run_paths(source: str) -> list[int]:
+    """The lines of `source` that join a name to a run directory by hand (`run_dir / "vocab"`)
+    instead of asking `nmt.run.layout.RunDir`."""
+    return sorted(
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
+        and names_a_run(node.left) and is_a_name(node.right)
+    )  # fmt: skip
+
+
+def test_the_run_path_finder_finds_names_joined_to_a_run():
+    found = """
+a = run_dir / "corpus" / f"train.{lang}"
+b = Path(run_dir) / "vocab"
+c = Path(src.run_dir) / "export"
+d = checkpoint_run(path) / "vocab"
+e = run / TB_DIR
+"""
+    assert hand_built_run_paths(found) == [2, 3, 4, 5, 6]
+    fine = """
+a = RunDir(run_dir).vocab_model("zh")
+b = RunDir(run_dir).export / f"ct2-{name}"
+c = ckpt_dir / "step_1.safetensors"
+d = runner / "x"
+e = run_dir / name
+f = rerun_dir / "x"
+"""
+    assert hand_built_run_paths(fine) == []
+
+
+def test_only_the_run_package_spells_a_run_directorys_names():
+    """Every file and folder of a run is named once, by `nmt.run.layout.RunDir`; every module
+    outside `nmt.run` asks it."""
+    wrong = [
+        f"{path.relative_to(NMT.parent)}:{line}"
+        for name, path in sorted(MODULES.items())
+        if room(name) != "run"
+        for line in hand_built_run_paths(path.read_text(encoding="utf-8"))
+    ]
+    assert not wrong, "a run directory's path built by hand (use nmt.run.layout.RunDir): " + ", ".join(wrong)

@@ -54,6 +54,7 @@ from nmt.data.sample import keep_sample
 from nmt.data.synthetic_filter import cap_synthetic, filter_synthetic
 from nmt.errors import NmtError, warn
 from nmt.files import atomic_path
+from nmt.run.layout import RunDir
 from nmt.run.stamps import clear_stamp, hash_files, stage_is_done, write_stamp
 
 TRAIN_RULES = (
@@ -439,7 +440,8 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
     for source in inputs:  # differing plain files stop before any work
         if source.kind == "plain":
             check_aligned(*source.paths)
-    out = run_dir / "corpus"
+    run = RunDir(run_dir)
+    out = run.corpus
     files = [p for s in inputs if s.kind != "hub" for p in s.paths]  # hub files: named by their commit
     if data.backtranslation is not None and (Path(data.backtranslation.corpus) / "train.jsonl").is_file():
         files.append(Path(data.backtranslation.corpus) / "train.jsonl")
@@ -454,9 +456,9 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
     names = _output_names(data, _codes_source(sources, recipe))
     if stage_is_done(run_dir, "download", digest) and all((out / n).is_file() for n in names):
         Console(stderr=True).print(f"corpus: {out} is up to date (skipped)")
-        return json.loads((out / "stats.json").read_text(encoding="utf-8"))
+        return json.loads(run.corpus_stats.read_text(encoding="utf-8"))
     clear_stamp(run_dir, "download")
-    work = run_dir / "corpus.work"
+    work = run.corpus_work
     stats = _write_corpus(sources, corpora, recipe, data, out, _Work(work, digest), extra)
     shutil.rmtree(work, ignore_errors=True)
     print_stats(stats)

@@ -47,11 +47,11 @@ from nmt.data.pool import map_ordered
 from nmt.data.readers import count_lines
 from nmt.errors import NmtError
 from nmt.files import atomic_write_json, replace_dir
+from nmt.run.layout import MANIFEST, RunDir
 
 FORMAT = 2
 SHARD_PAIRS = 1_000_000  # pairs per training shard: one window of the training sampler
 LENGTH_DTYPE = np.dtype("<u4")
-MANIFEST = "manifest.json"
 _OPEN_WINDOWS = 2  # shards whose offsets and files stay open (the loader and a prefetch thread)
 
 
@@ -417,7 +417,7 @@ class ParallelSplit:
     def open(cls, run_dir: Path, split: str, config: Config) -> ParallelSplit:
         """`run_dir`/bin's `split` for config.data's languages; NmtError (one line) naming the file
         when it is missing, incomplete or inconsistent."""
-        bin_dir = Path(run_dir) / "bin"
+        bin_dir = RunDir(run_dir).bin
         langs = (config.data.src_lang, config.data.tgt_lang)
         if (bin_dir / f"{split}.{langs[0]}.npy").is_file():  # written since any encoding (which removes it)
             return cls(split, bin_dir, [_legacy_shard(bin_dir, split, langs)])
@@ -561,10 +561,6 @@ def _legacy_side(bin_dir: Path, split: str, lang: str) -> tuple[Path, np.dtype, 
 def encoded_files(run_dir: Path, split: str) -> list[Path]:
     """The files whose bytes define an encoded split: its manifest (which holds every shard's sha256),
     or the older layout's arrays. For stage stamps."""
-    bin_dir = Path(run_dir) / "bin"
+    bin_dir = RunDir(run_dir).bin
     legacy = sorted(bin_dir.glob(f"{split}.*.npy"))
-    return legacy or [p for p in [bin_dir / split / MANIFEST] if p.is_file()]
-
-
-def manifest_path(run_dir: Path, split: str) -> Path:
-    return Path(run_dir) / "bin" / split / MANIFEST
+    return legacy or [p for p in [RunDir(run_dir).encoded_manifest(split)] if p.is_file()]

@@ -11,6 +11,7 @@ import sentencepiece as spm
 from nmt import UNK_ID
 from nmt.config import Config
 from nmt.errors import NmtError
+from nmt.run.layout import RunDir
 
 
 class Tokenizer:
@@ -42,7 +43,5 @@ class Tokenizer:
 
 def load_tokenizers(run_dir: Path, config: Config) -> tuple[Tokenizer, Tokenizer]:
     """(source, target) tokenizers of a run."""
-    vocab_dir = Path(run_dir) / "vocab"
-    return Tokenizer(vocab_dir / f"{config.data.src_lang}.model"), Tokenizer(
-        vocab_dir / f"{config.data.tgt_lang}.model"
-    )
+    run = RunDir(run_dir)
+    return Tokenizer(run.vocab_model(config.data.src_lang)), Tokenizer(run.vocab_model(config.data.tgt_lang))

@@ -50,7 +50,7 @@ from rich.table import Table
 
 from nmt import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt.config import BT_TAG, Config, VocabConfig, stamp_sections
-from nmt.data.encoded import SHARD_PAIRS, TextSide, encode_split, manifest_path
+from nmt.data.encoded import SHARD_PAIRS, TextSide, encode_split
 from nmt.data.passthrough import PLACEHOLDERS, pair_prep
 from nmt.data.readers import count_lines
 from nmt.data.recipes import SPLITS
@@ -59,7 +59,8 @@ from nmt.data.vocab_sample import draw_sample
 from nmt.errors import NmtError, warn
 from nmt.files import atomic_path
 from nmt.run.dirs import checkpoint_run
-from nmt.run.stamps import clear_stamp, hash_files, stage_is_done, stamp_path, write_stamp
+from nmt.run.layout import RunDir
+from nmt.run.stamps import clear_stamp, hash_files, stage_is_done, write_stamp
 
 _META_PIECES = 4  # pad, unk, bos, eos
 _BYTE_PIECES = 256
@@ -259,9 +260,9 @@ def train_models(config: Config, run_dir: Path, langs: tuple[str, str]) -> dict:
     """Draw the sample `<run>/vocab/sample.{lang}` of the train split (pairs masked as they are
     drawn where pass-through is on) and train `<run>/vocab/{lang}.model` on it for both sides;
     returns {lang: train_model's dict + "sample"}."""
-    v, folder = config.vocab, Path(run_dir) / "vocab"
-    sources = tuple(Path(run_dir) / "corpus" / f"train.{lang}" for lang in langs)
-    samples = tuple(folder / f"sample.{lang}" for lang in langs)
+    v, run = config.vocab, RunDir(run_dir)
+    folder, sources = run.vocab, tuple(run.corpus_file("train", lang) for lang in langs)
+    samples = tuple(run.vocab_sample(lang) for lang in langs)
     _remove_partial_files(folder)
     prepare = pair_prep(config.data, "train")
     firsts = (_real_lines(run_dir, config, sources[0]), None)  # the source side: real text only
@@ -272,7 +273,7 @@ def train_models(config: Config, run_dir: Path, langs: tuple[str, str]) -> dict:
         folder,
     )
     jobs = [
-        (config, sample, folder / f"{lang}.model", side, source)
+        (config, sample, run.vocab_model(lang), side, source)
         for lang, side, sample, source in zip(langs, ("src", "tgt"), samples, sources, strict=True)
     ]
     results = _in_processes(_train_side, jobs, 2 if v.workers >= 2 else 1, folder)
@@ -289,7 +290,7 @@ def _real_lines(run_dir: Path, config: Config, text: Path) -> int | None:
     their target side is real monolingual text and stays in the target sample."""
     if config.data.backtranslation is None:
         return None
-    stats = Path(run_dir) / "corpus" / "stats.json"
+    stats = RunDir(run_dir).corpus_stats
     try:
         synthetic = json.loads(stats.read_text(encoding="utf-8"))["backtranslation"]["kept"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -304,15 +305,15 @@ def _encode_splits(config: Config, run_dir: Path, langs: tuple[str, str]) -> dic
     """Encode every split of corpus/ into <run>/bin/{split}/ (train in shards; `nmt.data.encoded`),
     each pair prepared as SentencePiece saw it (`nmt.data.passthrough.pair_prep`); returns counts
     per split and language, and the pairs pass-through masked per split."""
-    data, corpus = config.data, run_dir / "corpus"
+    data, run = config.data, RunDir(run_dir)
     counts: dict = {"masked": {}}
     with Progress(console=Console(stderr=True), transient=True) as progress:
         for split in SPLITS:
-            sides = [TextSide(lang, corpus / f"{split}.{lang}", run_dir / "vocab" / f"{lang}.model") for lang in langs]
+            sides = [TextSide(lang, run.corpus_file(split, lang), run.vocab_model(lang)) for lang in langs]
             task = progress.add_task(f"encode {split}", total=count_lines(sides[0].text))
             shard_pairs = SHARD_PAIRS if split == "train" else None  # valid/test: one shard, in order
             encoded = encode_split(
-                run_dir / "bin", split, sides, data.seed, shard_pairs, config.vocab.workers,
+                run.bin, split, sides, data.seed, shard_pairs, config.vocab.workers,
                 on_progress=lambda n: progress.advance(task, n),  # noqa: B023 — used in this iteration
                 prepare=pair_prep(data, split),
             )  # fmt: skip
@@ -368,8 +369,8 @@ def print_report(report: dict, langs: tuple[str, str], console: Console | None =
 
 
 def _outputs(run_dir: Path, langs: tuple[str, str]) -> list[Path]:
-    models = [run_dir / "vocab" / f"{lang}.model" for lang in langs]
-    return models + [manifest_path(run_dir, s) for s in SPLITS]
+    run = RunDir(run_dir)
+    return [run.vocab_model(lang) for lang in langs] + [run.encoded_manifest(s) for s in SPLITS]
 
 
 def init_source_run(config: Config) -> Path:
@@ -379,8 +380,8 @@ def init_source_run(config: Config) -> Path:
 
 def _source_models(config: Config) -> list[Path]:
     """The SentencePiece models a fine-tuning run reuses (those of `train.init_from`'s run)."""
-    source = init_source_run(config) / "vocab"
-    models = [source / f"{lang}.model" for lang in (config.data.src_lang, config.data.tgt_lang)]
+    source = RunDir(init_source_run(config))
+    models = [source.vocab_model(lang) for lang in (config.data.src_lang, config.data.tgt_lang)]
     for model in models:
         if not model.is_file():
             raise NmtError(f"train.init_from: {model} not found (the vocabulary of the run the checkpoint belongs to)")
@@ -390,7 +391,7 @@ def _source_models(config: Config) -> list[Path]:
 def check_vocab_copied(config: Config, run_dir: Path) -> None:
     """NmtError (one line) unless `run_dir`'s vocabularies are `train.init_from`'s run's, byte for byte."""
     for source in _source_models(config):
-        mine = Path(run_dir) / "vocab" / source.name
+        mine = RunDir(run_dir).vocab / source.name
         if not mine.is_file() or mine.read_bytes() != source.read_bytes():
             raise NmtError(
                 f"{mine}: not the vocabulary of train.init_from's run ({source}); run `nmt vocab` "
@@ -400,14 +401,14 @@ def check_vocab_copied(config: Config, run_dir: Path) -> None:
 
 def _copy_models(config: Config, run_dir: Path) -> dict:
     """Fine-tuning: the source run's SentencePiece models copied into `run_dir`/vocab (atomically)."""
-    models = {}
+    models, run = {}, RunDir(run_dir)
     for source, lang in zip(_source_models(config), (config.data.src_lang, config.data.tgt_lang), strict=True):
         for suffix in (".model", ".vocab"):
             if source.with_suffix(suffix).is_file():
-                with atomic_path(run_dir / "vocab" / f"{lang}{suffix}") as tmp:
+                with atomic_path(run.vocab_model(lang).with_suffix(suffix)) as tmp:
                     shutil.copyfile(source.with_suffix(suffix), tmp)
         models[lang] = {
-            "vocab_size": Tokenizer(run_dir / "vocab" / f"{lang}.model").vocab_size,
+            "vocab_size": Tokenizer(run.vocab_model(lang)).vocab_size,
             "copied_from": str(source),
         }
     return models
@@ -419,9 +420,9 @@ def build_vocab(config: Config, run_dir: Path) -> dict:
 
     Skipped (report read back from the stamp) when corpus files and vocab/data config are unchanged.
     """
-    run_dir, data = Path(run_dir), config.data
+    run_dir, run, data = Path(run_dir), RunDir(run_dir), config.data
     langs = (data.src_lang, data.tgt_lang)
-    corpus = [run_dir / "corpus" / f"{s}.{lang}" for s in SPLITS for lang in langs]
+    corpus = [run.corpus_file(s, lang) for s in SPLITS for lang in langs]
     for p in corpus:
         if not p.is_file():
             raise NmtError(f"{p}: not found; run `nmt download` first")
@@ -430,8 +431,8 @@ def build_vocab(config: Config, run_dir: Path) -> dict:
     reused = _source_models(config) if config.train.init_from else []
     digest = hash_files(corpus + reused, extra={"vocab": stamped["vocab"], "data": settings})
     if stage_is_done(run_dir, "vocab", digest) and all(p.is_file() for p in _outputs(run_dir, langs)):
-        Console(stderr=True).print(f"vocab: {run_dir / 'vocab'} is up to date (skipped)")
-        return json.loads(stamp_path(run_dir, "vocab").read_text(encoding="utf-8"))["report"]
+        Console(stderr=True).print(f"vocab: {run.vocab} is up to date (skipped)")
+        return json.loads(run.stamp("vocab").read_text(encoding="utf-8"))["report"]
     clear_stamp(run_dir, "vocab")
     clock = _Stopwatch()
     models = _copy_models(config, run_dir) if reused else train_models(config, run_dir, langs)

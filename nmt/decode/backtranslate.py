@@ -40,6 +40,7 @@ from nmt.errors import NmtError
 from nmt.files import atomic_write_json
 from nmt.run.checkpoints import choose_inference_checkpoint
 from nmt.run.dirs import checkpoint_run, resolve_run
+from nmt.run.layout import RunDir
 from nmt.run.stamps import hash_files
 
 PARTIAL, PROGRESS, OUTPUT, STATS = "train.jsonl.partial", "progress.json", "train.jsonl", "stats.json"
@@ -164,7 +165,7 @@ def _references(run_dir: Path, lang: str) -> list[str]:
     """The run's validation and test references in `lang` (what the overlap guard keeps out)."""
     lines: list[str] = []
     for split in ("valid", "test"):
-        path = run_dir / "corpus" / f"{split}.{lang}"
+        path = RunDir(run_dir).corpus_file(split, lang)
         if path.is_file():
             lines += path.read_text(encoding="utf-8").splitlines()
     return lines

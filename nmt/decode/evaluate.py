@@ -34,6 +34,7 @@ from nmt.decode.translator import Translator
 from nmt.errors import NmtError
 from nmt.files import atomic_write_json, atomic_write_text
 from nmt.run.checkpoints import checkpoint_step
+from nmt.run.layout import RunDir
 
 # --------------------------------------------------------------------------- metrics
 
@@ -140,12 +141,12 @@ def _inputs(
     if (src is None) != (ref is None):
         raise NmtError("--src and --ref go together")
     if src is None:
-        corpus = Path(run_dir) / "corpus"
-        src, ref = corpus / f"{split}.{config.data.src_lang}", corpus / f"{split}.{config.data.tgt_lang}"
+        run = RunDir(run_dir)
+        src, ref = run.corpus_file(split, config.data.src_lang), run.corpus_file(split, config.data.tgt_lang)
         for p in (src, ref):
             if not p.is_file():
                 raise NmtError(f"{p}: not found (run `nmt download` first, or pass --src/--ref)")
-        candidates = [corpus / f"{split}.codes"]
+        candidates = [run.corpus_codes(split)]
     else:
         src, ref = Path(src), Path(ref)
         candidates = _codes_candidates(src)
@@ -253,14 +254,14 @@ def evaluate_run(
         "decode": _decoding(config, beam, translator, opts),
         **result,
     }
-    out_dir = run_dir / "eval"
-    atomic_write_text(out_dir / f"{name}.hyp", "".join(h + "\n" for h in hyps))
+    run = RunDir(run_dir)
+    atomic_write_text(run.eval_file(name, "hyp"), "".join(h + "\n" for h in hyps))
     if job.greedy:
         greedy_hyps, report["greedy"] = _decode_and_score(translator, src_lines, ref_lines, code_list, 1, job.ter)
-        atomic_write_text(out_dir / f"{name}.greedy.hyp", "".join(h + "\n" for h in greedy_hyps))
-    report["hyp_file"] = str(out_dir / f"{name}.hyp")
-    atomic_write_json(out_dir / f"{name}.json", report)
-    atomic_write_text(out_dir / f"{name}.md", markdown_report(report))
+        atomic_write_text(run.eval_file(name, "greedy.hyp"), "".join(h + "\n" for h in greedy_hyps))
+    report["hyp_file"] = str(run.eval_file(name, "hyp"))
+    atomic_write_json(run.eval_report(name), report)
+    atomic_write_text(run.eval_file(name, "md"), markdown_report(report))
     if not quiet:
         print_report(report)
     return report

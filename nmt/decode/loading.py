@@ -20,6 +20,7 @@ from nmt.config import Config, load_config
 from nmt.contracts import Engine, TokenizerLike
 from nmt.decode.options import ENGINES, REFERENCE_PRECISION, InferenceOptions, Sampling
 from nmt.errors import NmtError
+from nmt.run.layout import RunDir
 
 if TYPE_CHECKING:
     import torch
@@ -174,7 +175,7 @@ def auto_export(run_dir: Path, checkpoint: Path | None, ensemble: tuple[Path, ..
 def inference_config(run_dir: Path, config: Config | None, stored: Config, device_type: str) -> Config:
     """The run's config (or `config`) with the checkpoint's own model section, usable on a
     `device_type` ("cpu" | "cuda") device."""
-    saved = run_dir / "config.yaml"
+    saved = RunDir(run_dir).config
     if config is None:
         config = load_config(saved) if saved.is_file() else stored
     config = dataclasses.replace(config, model=dataclasses.replace(stored.model))
@@ -193,7 +194,7 @@ def load_ensemble(
     from nmt.run.dirs import checkpoint_run
 
     def vocab(run: Path) -> tuple[Path, Path]:
-        return tuple(run / "vocab" / f"{lang}.model" for lang in (config.data.src_lang, config.data.tgt_lang))
+        return tuple(RunDir(run).vocab_model(lang) for lang in (config.data.src_lang, config.data.tgt_lang))
 
     members, vocabs = [first], [vocab(run_dir)]
     for path in map(Path, paths):

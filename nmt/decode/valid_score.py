@@ -22,7 +22,7 @@ from pathlib import Path
 from nmt.errors import NmtError
 from nmt.run.checkpoints import read_metadata
 from nmt.run.dirs import checkpoint_run
-from nmt.run.stamps import stamp_path
+from nmt.run.layout import RunDir
 
 MIN_VALID_BLEU = 10.0  # the default floor: below it a reverse model writes mostly broken sentences
 
@@ -40,7 +40,7 @@ def validation_bleu(checkpoint: Path) -> tuple[float, str] | None:
     meta = read_metadata(checkpoint)
     chosen = meta.get("selected")
     if chosen:
-        stamp = stamp_path(checkpoint_run(checkpoint), "select")
+        stamp = RunDir(checkpoint_run(checkpoint)).stamp("select")
         score = _json(stamp).get("valid_bleu", {}).get(chosen)
         if isinstance(score, int | float):
             return float(score), f"{stamp} (valid_bleu.{chosen})"

@@ -57,6 +57,7 @@ from nmt.export.argos_sbd import minisbd_model
 from nmt.export.ct2_model import ExportOptions, ExportSource, ensure_export, resolve_source
 from nmt.export.provenance import data_lines
 from nmt.files import atomic_path
+from nmt.run.layout import RunDir
 
 SUFFIX = ".argosmodel"
 ARGOS_VERSION = "1.11"  # the first Argos Translate that runs a package's own minisbd/ model
@@ -73,7 +74,7 @@ def package_name(config: Config) -> str:
 
 def default_output(run_dir: Path, checkpoint: Path, quantization: str | None) -> Path:
     """<run>/export/argos-<checkpoint name>-<weight type>.argosmodel"""
-    return Path(run_dir) / "export" / f"argos-{Path(checkpoint).stem}-{quantization or 'float32'}{SUFFIX}"
+    return RunDir(run_dir).export / f"argos-{Path(checkpoint).stem}-{quantization or 'float32'}{SUFFIX}"
 
 
 def _check_output(path: Path) -> Path:
@@ -124,7 +125,7 @@ def _ct2_model(src: ExportSource, quantization: str | None) -> Path:
         return ensure_export(src, None, quantization)  # the run's cache, shared with --engine ctranslate2
     wide = dataclasses.replace(model, max_positions=ARGOS_POSITIONS)
     wide_src = dataclasses.replace(src, config=dataclasses.replace(src.config, model=wide))
-    out = Path(src.run_dir) / "export" / f"argos-ct2-{src.checkpoint.stem}-{quantization or 'float32'}"
+    out = RunDir(src.run_dir).export / f"argos-ct2-{src.checkpoint.stem}-{quantization or 'float32'}"
     return ensure_export(wide_src, out, quantization)
 
 
@@ -169,7 +170,7 @@ def metadata(config: Config) -> dict[str, Any]:
 def _scores(run_dir: Path) -> list[dict[str, Any]]:
     """The run's evaluation reports (<run>/eval/*.json) that hold BLEU."""
     rows = []
-    for path in sorted((Path(run_dir) / "eval").glob("*.json")):
+    for path in sorted(RunDir(run_dir).eval.glob("*.json")):
         try:
             report = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):

@@ -33,6 +33,7 @@ from nmt.config import YAML_LOADER, Config, config_from_dict, config_to_dict, lo
 from nmt.errors import NmtError
 from nmt.export.provenance import training_data
 from nmt.files import replace_dir
+from nmt.run.layout import RunDir
 
 try:
     import ctranslate2
@@ -99,7 +100,8 @@ def resolve_source(run_dir: Path, checkpoint: Path | None, config: Config | None
         raise NmtError(f"{path}: checkpoint has no config in its metadata (not written by nmt)")
     stored = config_from_dict(yaml.load(meta["config"], Loader=YAML_LOADER) or {}, source=f"{path}:config")
     if config is None:
-        config = load_config(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else stored
+        saved = RunDir(run_dir).config
+        config = load_config(saved) if saved.is_file() else stored
     config = dataclasses.replace(config, model=dataclasses.replace(stored.model))
     src_tok, tgt_tok = load_tokenizers(run_dir, config)
     return ExportSource(run_dir, path, config, src_tok.path, tgt_tok.path)
@@ -114,7 +116,7 @@ def _digest(src: ExportSource, quantization: str | None) -> str:
 
 def default_export_dir(run_dir: Path, checkpoint: Path, quantization: str | None) -> Path:
     """<run>/export/ct2-<checkpoint name>-<weight type>: the cache the engine reuses."""
-    return Path(run_dir) / "export" / f"ct2-{Path(checkpoint).stem}-{quantization or 'float32'}"
+    return RunDir(run_dir).export / f"ct2-{Path(checkpoint).stem}-{quantization or 'float32'}"
 
 
 def export_is_current(out: Path, digest: str) -> bool:

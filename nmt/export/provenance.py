@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from nmt.config import Config
+from nmt.run.layout import RunDir
 
 
 def training_data(run_dir: Path, config: Config) -> dict[str, Any]:
     """{"corpora": [{corpus, source, licence, research_only}], "research_only": bool} from the
     run's stats.json; for a run prepared before provenance was recorded, the configured corpus
     with its licence unknown."""
-    stats = Path(run_dir) / "corpus" / "stats.json"
+    stats = RunDir(run_dir).corpus_stats
     try:
         found = json.loads(stats.read_text(encoding="utf-8")).get("provenance")
     except (OSError, json.JSONDecodeError):
@@ -28,7 +29,7 @@ def training_data(run_dir: Path, config: Config) -> dict[str, Any]:
 
 def data_lines(run_dir: Path, config: Config) -> list[str]:
     """The run's corpus/DATA.md (corpora and licences) without its title, for a model card; else one line."""
-    card = Path(run_dir) / "corpus" / "DATA.md"
+    card = RunDir(run_dir).data_card
     if card.is_file():
         return [line for line in card.read_text(encoding="utf-8").splitlines() if not line.startswith("# ")]
     return [f"Corpus `{config.data.corpus}`; no corpus/DATA.md in the run, so its licence is not recorded here."]

@@ -75,6 +75,7 @@ from nmt.export.ct2_model import ExportOptions, ExportSource, resolve_source
 from nmt.export.model_options import refuse_unsupported
 from nmt.export.provenance import data_lines
 from nmt.files import replace_dir
+from nmt.run.layout import RunDir
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -360,7 +361,7 @@ def write_tokenizer(src: ExportSource, out: Path) -> None:
 
 def _scores(run_dir: Path) -> list[str]:
     """Markdown lines for the run's test report (<run>/eval/test.json), with signatures."""
-    path = Path(run_dir) / "eval" / "test.json"
+    path = RunDir(run_dir).eval_report("test")
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
@@ -457,7 +458,7 @@ def differences(config: Config) -> list[str]:
 
 def default_output(run_dir: Path, checkpoint: Path) -> Path:
     """<run>/export/hf-<checkpoint name>."""
-    return Path(run_dir) / "export" / f"hf-{Path(checkpoint).stem}"
+    return RunDir(run_dir).export / f"hf-{Path(checkpoint).stem}"
 
 
 def export_transformers(opts: ExportOptions, command: str | None = None) -> Path:

@@ -1,5 +1,8 @@
 """The run directory: everything one experiment made, described here once.
 
+The names below are spelled once, by `layout.RunDir` (`RunDir(path).vocab_model("zh")`,
+`.checkpoints`, `.eval_report("test")`, `.stamp("train")`); every other module asks it.
+
     runs/<name>/
       config.yaml                       the resolved config (`dirs.init_run`)
       corpus/{train,valid,test}.{zh,en} one sentence per line; valid/test are the raw references
@@ -25,6 +28,8 @@
       tb/, train.log                    the training log (`log`)
       eval/<name>.{hyp,json,md}         hypotheses, report (scores, signatures, settings, speed), table
       <stage>.stamp.json                the hash of a finished stage's inputs (`stamps`)
+      pipeline-error.log                the traceback of a pipeline stage after training that failed
+      .prepared-<launch>                a torchrun launch's rank 0 has prepared the data
     runs/latest -> <name>
 
 Which run (`dirs`): `runs/latest` is a symlink to the run that a stage command (download, vocab,

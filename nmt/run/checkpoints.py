@@ -17,6 +17,7 @@ import yaml
 
 from nmt.config import YAML_LOADER, Config, config_from_dict
 from nmt.errors import ConfigError, NmtError
+from nmt.run.layout import BEST, FINAL, RunDir
 
 STEP_RE = re.compile(r"^step_(\d+)\.safetensors$")
 STATE_RE = re.compile(r"^step_(\d+)\.state\.pt$")
@@ -62,7 +63,7 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
 
 def model_files(ckpt_dir: Path) -> list[Path]:
     """The files `choose_inference_checkpoint` picks from: final, best, complete step checkpoints."""
-    named = [Path(ckpt_dir) / n for n in ("final.safetensors", "best.safetensors")]
+    named = [Path(ckpt_dir) / n for n in (FINAL, BEST)]
     return [p for p in named if p.is_file()] + complete_checkpoints(ckpt_dir)
 
 
@@ -86,10 +87,10 @@ def choose_inference_checkpoint(run_dir: Path) -> Choice:
        always belongs to the run's newest training.
     3. the newest complete ``step_<N>.safetensors``.
     """
-    ckpt_dir = Path(run_dir) / "checkpoints"
+    run = RunDir(run_dir)
+    ckpt_dir, final, best = run.checkpoints, run.final, run.best
     newest = latest_checkpoint(ckpt_dir)
     newest_step = int(STEP_RE.match(newest.name).group(1)) if newest else None
-    final, best = ckpt_dir / "final.safetensors", ckpt_dir / "best.safetensors"
     stale = ""
     if final.is_file():
         trained_to = _final_trained_to(final, newest_step, best)

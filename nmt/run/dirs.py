@@ -10,6 +10,7 @@ from pathlib import Path
 from nmt.config import Config, config_to_yaml, load_config
 from nmt.errors import NmtError
 from nmt.files import atomic_write_text
+from nmt.run.layout import RunDir
 
 RUNS_ROOT = Path("runs")
 
@@ -34,7 +35,7 @@ def resolve_run(
         return config, run_dir
     default = newest_model_run if need_model else latest_run
     run_dir = Path(run) if run is not None else default()
-    saved = run_dir / "config.yaml"
+    saved = RunDir(run_dir).config
     if not saved.is_file():
         raise NmtError(f"{saved}: not found: pass --config FILE, or --run a directory made by nmt")
     return load_config(saved, overrides), run_dir
@@ -52,7 +53,7 @@ def checkpoint_run(checkpoint: Path, default: Path | None = None) -> Path:
 def latest_run(root: Path = RUNS_ROOT) -> Path:
     """`runs/latest` resolved: the run a stage command (download, vocab, train, pipeline) last set up."""
     link = Path(root) / "latest"
-    if not (link / "config.yaml").is_file():
+    if not RunDir(link).config.is_file():
         raise NmtError(f"no --config given and {link} does not exist: pass --config FILE or --run DIR")
     return link.resolve()
 
@@ -66,9 +67,9 @@ def newest_model_run(root: Path = RUNS_ROOT) -> Path:
     newest: tuple[float, Path] | None = None
     root = Path(root)
     for run_dir in sorted(root.iterdir()) if root.is_dir() else []:
-        if run_dir.name == "latest" or not (run_dir / "config.yaml").is_file():
+        if run_dir.name == "latest" or not RunDir(run_dir).config.is_file():
             continue
-        files = model_files(run_dir / "checkpoints")
+        files = model_files(RunDir(run_dir).checkpoints)
         stamp = max((p.stat().st_mtime for p in files), default=None)
         if stamp is not None and (newest is None or stamp > newest[0]):
             newest = (stamp, run_dir.resolve())
@@ -84,7 +85,7 @@ def init_run(config: Config, run_dir: Path, latest: bool = True) -> Path:
     """Create the run directory and save the resolved config; with `latest`, point runs/latest
     at it (`mark_latest`). Benchmarks and other helpers pass latest=False."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    saved = run_dir / "config.yaml"
+    saved = RunDir(run_dir).config
     text = config_to_yaml(config)
     if not saved.exists() or saved.read_text(encoding="utf-8") != text:
         atomic_write_text(saved, text)

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.errors import NmtError
-
-TB_DIR, TRAIN_LOG = "tb", "train.log"
+from nmt.run.layout import RunDir
 
 # the curves a person looks at first, in display order: (tag, title, y-axis label)
 MAIN_CURVES = (
@@ -43,7 +42,7 @@ class Series:
 
 def read_curves(run_dir: Path) -> dict[str, Series]:
     """Every TensorBoard scalar of the run, by tag, steps ascending; {} when the run has no `tb/`."""
-    tb = Path(run_dir) / TB_DIR
+    tb = RunDir(run_dir).tb
     if not tb.is_dir() or not any(tb.glob("events.out.tfevents.*")):
         return {}
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -69,7 +68,7 @@ def curves_to_json(curves: dict[str, Series]) -> dict[str, Any]:
 def read_eval_reports(run_dir: Path) -> list[dict[str, Any]]:
     """The run's eval reports (`<run>/eval/*.json`), by name; unreadable files are skipped."""
     reports = []
-    for path in sorted((Path(run_dir) / "eval").glob("*.json")):
+    for path in sorted(RunDir(run_dir).eval.glob("*.json")):
         try:
             report = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -104,7 +103,7 @@ class RunLogWriter:
     (the TensorBoard writer is created at the first scalar, so a run that logs none has no tb/)."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.run_dir, self.path = Path(run_dir), Path(run_dir) / TRAIN_LOG
+        self.run, self.path = RunDir(run_dir), RunDir(run_dir).train_log
         self._tb: Any = None  # torch.utils.tensorboard.SummaryWriter
 
     def line(self, text: str) -> None:
@@ -123,7 +122,7 @@ class RunLogWriter:
         if self._tb is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / TB_DIR))
+            self._tb = SummaryWriter(log_dir=str(self.run.tb))
         return self._tb
 
     def close(self) -> None:

@@ -1,4 +1,4 @@
-"""Stage stamps: each stage of a run writes `<run>/<stage>.stamp.json` holding the hash of its
+"""Stage stamps: each stage of a run writes `RunDir.stamp(stage)` (`<run>/<stage>.stamp.json`) holding the hash of its
 inputs (`hash_files`), so that a finished stage is skipped (`stage_is_done`) and a stale one is
 redone."""
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.files import atomic_write_json
+from nmt.run.layout import RunDir
 
 
 def hash_files(paths: list[Path], extra: Any = None) -> str:
@@ -25,13 +26,9 @@ def hash_files(paths: list[Path], extra: Any = None) -> str:
     return h.hexdigest()
 
 
-def stamp_path(run_dir: Path, stage: str) -> Path:
-    return Path(run_dir) / f"{stage}.stamp.json"
-
-
 def stage_is_done(run_dir: Path, stage: str, digest: str) -> bool:
     """True when `stage` finished before with the same input digest."""
-    p = stamp_path(run_dir, stage)
+    p = RunDir(run_dir).stamp(stage)
     if not p.is_file():
         return False
     try:
@@ -41,9 +38,9 @@ def stage_is_done(run_dir: Path, stage: str, digest: str) -> bool:
 
 
 def write_stamp(run_dir: Path, stage: str, digest: str, info: dict | None = None) -> None:
-    atomic_write_json(stamp_path(run_dir, stage), {"inputs": digest, **(info or {})})
+    atomic_write_json(RunDir(run_dir).stamp(stage), {"inputs": digest, **(info or {})})
 
 
 def clear_stamp(run_dir: Path, stage: str) -> None:
     with contextlib.suppress(FileNotFoundError):
-        stamp_path(run_dir, stage).unlink()
+        RunDir(run_dir).stamp(stage).unlink()

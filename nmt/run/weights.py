@@ -39,6 +39,7 @@ from nmt.run.checkpoints import (
     state_path,
     step_checkpoints,
 )
+from nmt.run.layout import BEST, FINAL, RunDir
 
 
 def _plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -76,7 +77,7 @@ def save_checkpoint(
 
 
 def save_best(ckpt_dir: Path, model: nn.Module, config: Config, step: int, bleu: float) -> Path:
-    return save_weights(Path(ckpt_dir) / "best.safetensors", _plain_state_dict(model), config, step, bleu=f"{bleu:.4f}")
+    return save_weights(Path(ckpt_dir) / BEST, _plain_state_dict(model), config, step, bleu=f"{bleu:.4f}")
 
 
 def prune(ckpt_dir: Path, keep_last: int) -> None:
@@ -109,9 +110,9 @@ def write_final(ckpt_dir: Path, chosen: Path, name: str) -> Path:
     trained_to = int(STEP_RE.match(newest.name).group(1)) if newest else checkpoint_step(chosen)
     meta = read_metadata(chosen)
     meta.update(selected=name, trained_to=str(trained_to))
-    with atomic_path(Path(ckpt_dir) / "final.safetensors") as tmp:
+    with atomic_path(Path(ckpt_dir) / FINAL) as tmp:
         save_file(load_file(str(chosen)), str(tmp), metadata=meta)
-    return Path(ckpt_dir) / "final.safetensors"
+    return Path(ckpt_dir) / FINAL
 
 
 def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], Config]:
@@ -169,9 +170,10 @@ def average_last(run_dir: Path, last: int, out: Path | None = None) -> Averaged:
     """Average the newest `last` complete step checkpoints of a run (default out:
     ``checkpoints/averaged.safetensors``). Fewer kept than `last`: averages those, and the
     result's `message()` says how many."""
-    ckpt_dir = Path(run_dir) / "checkpoints"
+    run = RunDir(run_dir)
+    ckpt_dir = run.checkpoints
     newest = list(reversed(complete_checkpoints(ckpt_dir)[:last]))  # oldest first
     if not newest:
         raise NmtError(f"{ckpt_dir}: no step checkpoints to average (train first: nmt train)")
-    path = average_checkpoints(newest, Path(out) if out else ckpt_dir / "averaged.safetensors")
+    path = average_checkpoints(newest, Path(out) if out else run.averaged)
     return Averaged(path, [int(STEP_RE.match(p.name).group(1)) for p in newest], last)

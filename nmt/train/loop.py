@@ -53,7 +53,7 @@ from nmt.hw.device import check_precision, describe, resolve_device, resolve_pre
 from nmt.model.flops import train_flops, training_peak_flops
 from nmt.model.wrappers import wrap
 from nmt.run import weights as ckpt
-from nmt.run.log import TB_DIR
+from nmt.run.layout import RunDir
 from nmt.train.distributed import DistInfo, barrier, init_distributed, teardown
 from nmt.train.memory import ResidentMemory
 from nmt.train.progress import TrainLog, TrainProgress
@@ -196,7 +196,8 @@ class TrainData:
             dataset, t.max_tokens, t.max_len, seed=t.seed, rank=info.rank, world_size=info.world_size
         )
         src_tok = tgt_tok = validator = None
-        if (run_dir / "vocab").is_dir():
+        run = RunDir(run_dir)
+        if run.vocab.is_dir():
             from nmt.data.tokenizer import load_tokenizers
 
             src_tok, tgt_tok = load_tokenizers(run_dir, config)
@@ -205,7 +206,7 @@ class TrainData:
             validator = Validator(config, run_dir, valid, device, tgt_tok)
         subwords = None
         if t.subword_alpha > 0:
-            models = [run_dir / "vocab" / f"{lang}.model" for lang in (config.data.src_lang, config.data.tgt_lang)]
+            models = [run.vocab_model(lang) for lang in (config.data.src_lang, config.data.tgt_lang)]
             subwords = SubwordSampler(*models, alpha=t.subword_alpha, seed=t.seed, max_len=t.max_len)
         return cls(dataset, sampler, src_tok, tgt_tok, validator, subwords)
 
@@ -265,10 +266,10 @@ class _Run:
         self.rules = StoppingRules(config)
         check_precision(device, t.precision)
         set_threads(t.threads)
-        self.ckpt_dir = run_dir / "checkpoints"
+        self.ckpt_dir = RunDir(run_dir).checkpoints
         if restart and info.is_main:
             ckpt.clear_checkpoints(self.ckpt_dir)
-            shutil.rmtree(run_dir / TB_DIR, ignore_errors=True)
+            shutil.rmtree(RunDir(run_dir).tb, ignore_errors=True)
         barrier()  # no rank may look for checkpoints before rank 0 has cleared them
         self.data = TrainData.open(config, run_dir, device, info)
         self.vocab = self.data.vocab_sizes(config)

@@ -37,6 +37,7 @@ from nmt.data.passthrough import Masked, mask_pair, masker, restore
 from nmt.hw.device import autocast
 from nmt.model.wrappers import unwrap
 from nmt.run import weights as ckpt
+from nmt.run.layout import RunDir
 from nmt.run.log import format_values
 from nmt.train.objective import label_smoothed_nll
 from nmt.train.progress import TrainLog
@@ -60,7 +61,8 @@ class Validator:
 
     def _texts(self, run_dir: Path) -> tuple[list[str], list[str]]:
         lang_src, lang_tgt = self.config.data.src_lang, self.config.data.tgt_lang
-        src_file, ref_file = run_dir / "corpus" / f"valid.{lang_src}", run_dir / "corpus" / f"valid.{lang_tgt}"
+        run = RunDir(run_dir)
+        src_file, ref_file = run.corpus_file("valid", lang_src), run.corpus_file("valid", lang_tgt)
         self.use_text = self.tokenizer is not None and ref_file.is_file()
         if self.use_text:
             refs = ref_file.read_text(encoding="utf-8").split("\n")

@@ -1,6 +1,7 @@
 """`nmt serve`: the HTTP API and the web page (FastAPI + uvicorn, optional extra `nmt[serve]`).
 
-Routes (JSON unless noted; errors are `{"error": "one line"}` with a 4xx/5xx status):
+Routes (JSON unless noted; errors are `{"error": "one line"}` with a 4xx/5xx status, every exception
+answered through the one map of nmt/serve/failures.py):
 
     GET  /               the web page (static files in nmt/serve/web, no build step, no CDN)
     GET  /health         {"status": "ok"} once the model is loaded (the port opens only then)
@@ -30,11 +31,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from starlette.exceptions import HTTPException
 
 from nmt.decode.options import InferenceOptions
 from nmt.errors import NmtError
 from nmt.run.log import curves_to_json, eval_summary, read_curves, read_eval_reports
+from nmt.serve import failures
 from nmt.serve.batcher import Batcher, BatchLimits, Decoding
 from nmt.serve.libretranslate import LibreAccess, LibreTranslate
 from nmt.serve.requests import (
@@ -127,10 +128,8 @@ class Service:
         start = time.perf_counter()
         try:
             found = await self.batcher.translate(lines, s)
-        except NmtError as e:
-            raise ApiError(422, str(e)) from None
         except Exception as e:
-            raise ApiError(500, f"translation failed: {type(e).__name__}: {e}") from None
+            raise failures.api_error(e) from None
         entries = []
         for hyps in found:
             entry: dict[str, Any] = {"text": hyps[0][0], "score": hyps[0][1]}
@@ -147,12 +146,12 @@ class Service:
     async def attention(self, req: AttentionRequest) -> dict[str, Any]:
         self.check_lines([req.text] + ([req.translation] if req.translation else []))
         target = req.translation
-        if target is None:
-            target = (await self.batcher.translate([req.text], self.default))[0][0][0]
         try:
+            if target is None:
+                target = (await self.batcher.translate([req.text], self.default))[0][0][0]
             amap = await self.batcher.run("attention", req.text, target, req.layer)
-        except (NmtError, IndexError) as e:
-            raise ApiError(422, str(e)) from None
+        except Exception as e:
+            raise failures.api_error(e) from None
         return {**amap, "translation": target, "layer": req.layer}
 
     # descriptions
@@ -226,7 +225,7 @@ def create_app(service: Service, access: LibreAccess | None = None) -> FastAPI:
 
     app = FastAPI(title="nmt", summary="Chinese→English translation", lifespan=lifespan)
     app.state.service = service
-    _add_error_handlers(app)
+    failures.install(app)  # every exception answered through the one map (nmt/serve/failures.py)
     app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
     libre = LibreTranslate(service, access or LibreAccess())
     libre.install(app)
@@ -274,20 +273,6 @@ def _add_run_routes(app: FastAPI, run_dir: Path) -> None:
     @app.get("/run/evals")
     def evals() -> list[dict[str, Any]]:
         return [eval_summary(r) for r in read_eval_reports(run_dir)]
-
-
-def _add_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, e: ApiError) -> JSONResponse:
-        return JSONResponse({"error": e.message}, status_code=e.status)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, e: HTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(e.detail)}, status_code=e.status_code, headers=e.headers)
-
-    @app.exception_handler(Exception)
-    async def internal_error(_: Request, e: Exception) -> JSONResponse:
-        return JSONResponse({"error": f"internal error: {type(e).__name__}: {e}"}, status_code=500)
 
 
 # --------------------------------------------------------------------------- the server

@@ -134,13 +134,16 @@ def _device(model: nn.Module) -> torch.device:
 def attention_map(translator: Any, source: str, target: str, layer: int | None = None) -> AttentionMap:
     """The map between `source` (Chinese text, normalised and tokenised as `Translator` does) and
     `target` (a translation, tokenised with the target model). `layer`: one decoder layer
-    (negative counts from the end) instead of the mean over layers."""
+    (negative counts from the end) instead of the mean over layers; NmtError for an empty source
+    or a layer the decoder does not have."""
     model = reading_model(translator)
     src_ids = translator.encode_sources([source])[0]
     if not src_ids:
         raise NmtError("attention map: the source sentence is empty")
     tgt_ids = translator.tgt_tok.encode(target)
     probs = cross_attention(model, [src_ids], [tgt_ids])[:, 0].mean(dim=1)  # (L, T, S)
+    if layer is not None and not -len(probs) <= layer < len(probs):
+        raise NmtError(f"layer: {layer} is out of range ({-len(probs)}..{len(probs) - 1}, the decoder's layers)")
     grid = probs.mean(dim=0) if layer is None else probs[layer]  # (T, S)
     masked = translator.masks[0] if getattr(translator, "masks", None) else None
     return AttentionMap(

@@ -39,6 +39,11 @@ a missing key too, where LibreTranslate answers 400); without keys any key is ac
 request limit, a client address gets at most that many requests per minute on /translate,
 /detect, /translate_file and /suggest (429, "Slowdown: N per 1 minute"). CORS: any origin may
 call the app (GET, POST, preflight OPTIONS).
+
+A translation that fails is answered by the server's one map (nmt/serve/failures.py) in
+LibreTranslate's words: 400 "Invalid request: ..." for what the model cannot do (an `NmtError`),
+503 "Cannot translate text: ..." when the model process exited, 500 "Cannot translate text:
+<Type>: ..." for anything else.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from nmt.errors import NmtError
 from nmt.serve.batcher import Decoding, Hypotheses
+from nmt.serve.failures import api_error
 from nmt.serve.requests import read_body
 
 NAMES = {"zh": "Chinese", "en": "English"}
@@ -202,7 +208,8 @@ class LibreTranslate:
     """The LibreTranslate routes over `service` (an `nmt.serve.app.Service`: its batcher, default
     decoding and limits; not imported, that module imports this one); bodies are read as the app
     reads its own (`nmt.serve.requests.read_body`). Errors are raised as Starlette's HTTPException,
-    which the app answers as `{"error": detail}`."""
+    which the app answers as `{"error": detail}`; a failed translation in LibreTranslate's words by
+    the server's one map (`nmt.serve.failures.answer`)."""
 
     def __init__(self, service: Any, access: LibreAccess) -> None:
         self.service, self.access = service, access
@@ -308,10 +315,8 @@ class LibreTranslate:
             return []
         try:
             return await self.service.batcher.translate(lines, decoding)
-        except NmtError as e:
-            raise HTTPException(400, f"Invalid request: {e}") from None
-        except Exception as e:
-            raise HTTPException(500, f"Cannot translate text: {type(e).__name__}: {e}") from None
+        except Exception as e:  # in LibreTranslate's words: NmtError 400 "Invalid request: ...", a bug 500
+            raise api_error(e, "libretranslate") from None
 
     def install(self, app: FastAPI) -> None:
         """Add CORS and the routes other than /translate (whose route the app shares with its own)."""

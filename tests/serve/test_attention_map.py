@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
@@ -75,6 +77,17 @@ def test_attention_probs_masks_padding_with_random_inputs(model):
 def test_a_model_without_cross_attention_is_a_clear_error():
     with pytest.raises(NmtError, match="no decoder cross-attention module found"):
         cross_attention_modules(nn.Sequential(nn.Linear(2, 2)))
+
+
+def test_a_layer_the_decoder_does_not_have_is_a_clear_error(model):
+    """An NmtError, which the server answers 422 (nmt/serve/failures.py), not an IndexError (a 500)."""
+    pieces = SimpleNamespace(encode=lambda text: [4, 5, 6], piece=str)
+    translator = SimpleNamespace(model=model, encode_sources=lambda texts: [[5, 6, 7]], src_tok=pieces, tgt_tok=pieces)
+    for layer in (None, 0, 1, -1, -2):
+        assert len(attention_map(translator, "x", "y", layer).weights) == 4  # 3 pieces + EOS
+    for layer in (2, 7, -3):
+        with pytest.raises(NmtError, match=rf"^layer: {layer} is out of range \(-2\.\.1, the decoder's layers\)$"):
+            attention_map(translator, "x", "y", layer)
 
 
 @pytest.mark.slow

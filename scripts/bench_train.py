@@ -99,7 +99,8 @@ def run_one(args: argparse.Namespace, variant: str) -> dict:
     for i in range(args.warmup + args.steps):
         src, tgt_in, tgt_out = (t.to(device) for t in load_batch(data, batches[i % len(batches)]))
         start = time.perf_counter()
-        result = trainer.update([(src, tgt_in, tgt_out)])
+        trainer.update([(src, tgt_in, tgt_out)])
+        [result] = trainer.sync()
         elapsed = time.perf_counter() - start
         losses.append(result.loss)
         if i < args.warmup:

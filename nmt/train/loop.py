@@ -17,7 +17,7 @@ budget of training-loop wall time — updates, validation and checkpoint writes 
 all resumed invocations (``nmt.train.stopping`` says exactly what counts).
 
 The loop does not wait for the device between updates: `Trainer.update` reads nothing back,
-and the loop settles the issued updates (`Trainer.flush`, one read-back) only where it needs their
+and the loop takes the issued updates' results (`Trainer.sync`, one read-back) only where it needs their
 values — every ``train.log_every`` updates, at evaluation and at a stop. On a GPU the next groups of
 batches are built ahead in a background thread, in pinned memory (`_Feed`); on the CPU they are
 built when used. Either way the same batches, and the same data position in each checkpoint.
@@ -86,7 +86,7 @@ def fit(
 ) -> dict:
     """`train` with hooks: `build(config, src_vocab, tgt_vocab)` replaces `nmt.model.transformer.build_model`
     (any module with ``forward(src, tgt_in) -> logits`` works; no MFU then), `on_step` sees every
-    update, settled, in order, at the loop's flush points."""
+    update, settled, in order, at the loop's read-back points."""
     device = resolve_device(config.train.device)
     info, device = init_distributed(device)
     try:
@@ -294,7 +294,7 @@ class _Run:
 
     def loop(self, on_step: Callable[[StepResult], None] | None = None) -> dict:
         """Update until a stopping rule fires, validate/checkpoint once more; the summary (rank 0)."""
-        self.on_step, self.issued = on_step, []
+        self.on_step = on_step
         self.memory = ResidentMemory()
         t = self.config.train
         with self.log:
@@ -335,9 +335,7 @@ class _Run:
         """Issue one update; settle where the loop needs the step count settled (`_settle_due`)."""
         start = time.monotonic()
         batches = self.feed.next(self.state)
-        result = self.trainer.update(batches)
-        result.flops = self._flops(batches) if self.peak else 0.0
-        self.issued.append(result)
+        self.trainer.update(batches, flops=self._flops(batches) if self.peak else 0.0)
         self.progress.add_time(time.monotonic() - start)
         self.progress.issued(self.state.step)
         if self._settle_due():
@@ -356,14 +354,13 @@ class _Run:
         return due or self.rules.before_update(s) is not None
 
     def _settle(self) -> None:
-        """Flush the trainer (its wait for the device counts as update time), then report every
-        update issued since the last settle, in order."""
+        """Read the issued updates back (the wait for the device counts as update time), then
+        report every update settled since the last time, in order."""
         start = time.monotonic()
-        self.trainer.flush()
+        settled = self.trainer.sync()
         self.progress.add_time(time.monotonic() - start)
         self.memory.sample()
-        issued, self.issued = self.issued, []
-        for result in issued:
+        for result in settled:
             if self.on_step is not None:
                 self.on_step(result)
             self.progress.record(result, self.state)

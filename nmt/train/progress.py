@@ -80,10 +80,10 @@ class TrainLog:
 
 
 class TrainProgress:
-    """What the loop reports, from settled updates (`nmt.train.update.Trainer.flush`).
+    """What the loop reports, from settled updates (`nmt.train.update.Trainer.sync`).
 
-    `add_time` takes the seconds the loop spent on updates (waiting for the device at a flush
-    included); `record` takes each settled update, in order. `peak` is the matmul FLOP/s MFU is
+    `add_time` takes the seconds the loop spent on updates (waiting for the device at a
+    read-back included); `record` takes each settled update, in order. `peak` is the matmul FLOP/s MFU is
     measured against (0: no MFU)."""
 
     def __init__(self, log: TrainLog, log_every: int, batches_per_epoch: int, peak: float = 0.0) -> None:
@@ -113,7 +113,7 @@ class TrainProgress:
         scalars when it completes a multiple of ``log_every`` updates."""
         self.tokens += result.tokens
         if result.skipped:
-            run = result.settled.nonfinite_run if result.settled else 0
+            run = result.nonfinite_run
             self.log.line(f"step {result.step}: non-finite loss/gradient, update skipped ({run} in a row)")
             return
         self.window.add(result)

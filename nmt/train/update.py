@@ -10,18 +10,21 @@ The loss of an update is normalised by the number of target tokens summed over e
 and every rank, so one process with ``update_freq = k`` and k processes with ``update_freq = 1``
 compute the same gradient.
 
-`Trainer.update` never waits for the device: token counts come from the host (a `Batch`'s packings),
+`Trainer.update` is the whole update on one screen — schedule, forward and loss, backward, clip,
+step — and never waits for the device: token counts come from the host (a `Batch`'s packings),
 the loss, NLL and gradient norm stay device tensors, and an update whose loss or gradient norm is
 not finite is skipped on the device (fused AdamW's ``found_inf``: no weight and no optimizer state
-changes). `Trainer.flush` settles the pending updates — one read-back of all their values — and does
-the host bookkeeping: `TrainState.step` counts an update as applied when it is issued and takes it
-back there if it was skipped; the non-finite counters and the divergence abort follow. The loop
-flushes at log, evaluation and stop points; `update` flushes by itself when the pending updates
-could complete a run of ``train.max_nonfinite`` non-finite losses, so training aborts at the same
-update as with a read-back per step. Between a skipped update and the flush that finds it, the
-learning-rate schedule runs one update ahead per skip. fp16 keeps one wait per update (its
-GradScaler decides on the host); boolean masks still wait (the padded targets of a model that does
-not pack logits, the Transformer's own selection of the ``keep`` positions).
+changes). `Trainer._read_back` is the one place that waits: one read-back of every issued update's
+values, made into `StepResult`s of plain numbers, and the host bookkeeping: `TrainState.step`
+counts an update as applied when it is issued and takes it back there if it was skipped; the
+non-finite counters and the divergence abort follow. The loop asks for the results
+(`Trainer.sync`) at log, evaluation and stop points; `update` reads back by itself when the issued
+updates could complete a run of ``train.max_nonfinite`` non-finite losses, so training aborts at
+the same update as with a read-back per step, and a checkpoint reads back first. Between a skipped
+update and the read-back that finds it, the learning-rate schedule runs one update ahead per skip.
+fp16 keeps one wait per update (its GradScaler decides on the host); boolean masks still wait (the
+padded targets of a model that does not pack logits, the Transformer's own selection of the
+``keep`` positions).
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ import dataclasses
 import inspect
 import math
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -84,51 +86,29 @@ class TrainState:
 
 
 @dataclass(frozen=True)
-class Settled:
-    """One update as the device decided it, read back by `Trainer.flush`."""
+class StepResult:
+    """One optimizer update, settled: plain numbers, read back from the device at `Trainer.sync`."""
 
     step: int  # 1-based number of the update (or the number it would have had, if skipped)
+    lr: float
     loss: float  # label-smoothed loss per target token
     nll: float  # per target token (perplexity = exp(nll))
     tokens: int  # target tokens in the update, all ranks
     grad_norm: float  # before clipping
     skipped: bool  # update not applied (non-finite loss or gradient, or fp16 overflow)
     nonfinite_run: int  # non-finite losses in a row, this update included
+    pad: int  # padding slots in the update's src + tgt_out, this rank
+    slots: int  # all slots in the update's src + tgt_out, this rank
+    flops: float  # analytic training FLOPs of this rank's batches, as given to `update` (0 = not counted)
 
 
-class StepResult:
-    """One optimizer update as `Trainer.update` issued it.
+class _Issued(NamedTuple):
+    """An update issued and not yet read back: its host facts and its device values."""
 
-    Host facts are there at once: `lr`, `pad` and `slots` (padding and all slots in the update's
-    src + tgt_out, this rank), `flops` (set by the training loop; 0 = not counted) and
-    `issued_as` (the provisional update number). What the device decides — `step`, `loss`, `nll`,
-    `tokens`, `grad_norm`, `skipped` — arrives with `Trainer.flush`, read back together for every
-    pending update; reading one of them earlier flushes (a wait for the device, the reader's choice).
-    """
-
-    def __init__(self, number: int, lr: float, pad: int, slots: int, flush: Callable[[], None]) -> None:
-        self.issued_as, self.lr, self.pad, self.slots = number, lr, pad, slots
-        self.flops = 0.0
-        self.settled: Settled | None = None
-        self._flush = flush
-
-    def _get(self) -> Settled:
-        if self.settled is None:
-            self._flush()
-        if self.settled is None:  # flush raised (training diverged) before it reached this update
-            raise NmtError(f"update {self.issued_as} was dropped: training stopped before it was read back")
-        return self.settled
-
-    step = property(lambda self: self._get().step)
-    loss = property(lambda self: self._get().loss)
-    nll = property(lambda self: self._get().nll)
-    tokens = property(lambda self: self._get().tokens)
-    grad_norm = property(lambda self: self._get().grad_norm)
-    skipped = property(lambda self: self._get().skipped)
-
-
-class _Pending(NamedTuple):
-    result: StepResult
+    lr: float
+    pad: int
+    slots: int
+    flops: float
     stats: torch.Tensor  # (5,) float64 on the device: loss sum, NLL sum, target tokens, grad norm, non-finite
     overflow: bool  # fp16: the GradScaler skipped the step (decided on the host)
 
@@ -147,64 +127,96 @@ def host_counts(batch: Batch | Tensors) -> tuple[int, int, int]:
 
 
 class Trainer:
-    """Owns the optimizer and loss scaler of `model`; `update()` issues one step, `flush()` settles."""
+    """Owns the optimizer and loss scaler of `model`; `update()` issues one step, `sync()` reads
+    the issued steps back."""
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, device: torch.device, state: TrainState | None = None):
         self.model, self.cfg, self.device = model, cfg, device
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(model, cfg)
         self.scaler = grad_scaler(device, cfg.precision)
+        self.max_norm = cfg.clip_norm if cfg.clip_norm > 0 else math.inf
         self.state = state or TrainState()
         self.packed = isinstance(unwrap(model), PacksLogits)  # through DDP / torch.compile
         self.takes_packing = "packing" in inspect.signature(unwrap(model).forward).parameters
         self.fused = bool(self.optimizer.defaults.get("fused"))  # its step takes found_inf: skips on the device
-        self._pending: list[_Pending] = []
+        self._issued: list[_Issued] = []
+        self._settled: list[StepResult] = []  # read back, not yet handed out by `sync`
         # train.ema_decay: the average starts from the weights the run starts from (nmt/train/ema.py)
         self.ema = WeightAverage(unwrap(model), cfg.ema_decay) if cfg.ema_decay > 0 else None
 
-    def update(self, batches: list[Batch | Tensors]) -> StepResult:
-        """Forward/backward every micro-batch, then one optimizer step (skipped on the device where
-        the loss or gradient norm is not finite); the result settles at `flush`."""
+    def update(self, batches: list[Batch | Tensors], flops: float = 0.0) -> None:
+        """One optimizer update over the micro-batches `batches`, issued without waiting for the
+        device: schedule, forward + loss and backward of each, clip, step (skipped on the device
+        where the loss or gradient norm is not finite). `sync` reads it back; `flops` rides along."""
         self.model.train()
-        counts = [host_counts(b) for b in batches]
-        moved = [self._on_device(b) for b in batches]
-        tokens, scale = self._normaliser(sum(c[0] for c in counts))
-        sums = self._forward_backward(moved, scale)
         number = self.state.step + 1
-        if number <= self.cfg.warmup:
-            self.state.warmup_elapsed = self.state.elapsed
-        lr = learning_rate(number, self.cfg, self.state.elapsed, self.state.warmup_elapsed)
-        norm, bad, overflow = self._apply(lr, sums[0])
+        lr = self._schedule(number)  # schedule
+        counts = [host_counts(b) for b in batches]
+        tokens, scale = self._normaliser(sum(c[0] for c in counts))
+        sums = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss sum, NLL sum
+        for i, (src, tgt_in, tgt_out, packing) in enumerate([self._on_device(b) for b in batches]):
+            src = drop_source_words(src, self.cfg.src_word_dropout)
+            with self._no_sync(last=i == len(batches) - 1):
+                objective, loss, nll = self._loss(src, tgt_in, tgt_out, packing)  # forward, loss
+                self.scaler.scale(objective * scale).backward()  # backward
+            sums += torch.stack([loss.detach(), nll]).double()
+        sums = all_reduce_sum(sums)
+        self.scaler.unscale_(self.optimizer)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)  # clip
+        bad = ~torch.isfinite(sums[0])  # with fp16 a non-finite gradient is the scaler's overflow
+        if not self.scaler.is_enabled():
+            bad |= ~torch.isfinite(norm)
+        set_learning_rate(self.optimizer, lr)
+        overflow = self._step(bad)  # step
+        self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
             self.ema.update(number)
-        self.state.step = number  # provisional: `flush` takes it back if the update was skipped
-        result = StepResult(number, lr, sum(c[1] for c in counts), sum(c[2] for c in counts), self.flush)
+        self.state.step = number  # provisional: `sync` takes it back if the update was skipped
         stats = torch.stack([sums[0], sums[1], tokens, norm.double(), bad.double()])
-        self._pending.append(_Pending(result, stats, overflow))
-        if len(self._pending) >= self.cfg.max_nonfinite - self.state.nonfinite_run:
-            self.flush()  # these could complete a run of max_nonfinite: abort at the update that does
-        return result
+        pad, slots = sum(c[1] for c in counts), sum(c[2] for c in counts)
+        self._issued.append(_Issued(lr, pad, slots, flops, stats, overflow))
+        if len(self._issued) >= self.cfg.max_nonfinite - self.state.nonfinite_run:
+            self._read_back()  # these could complete a run of max_nonfinite: abort at the update that does
 
-    def flush(self) -> None:
-        """Settle every pending update: one read-back of their device values, then, in issue order,
-        each one's number, `state.step` taken back for a skipped one, the target tokens and the
-        non-finite counters (NmtError at ``train.max_nonfinite`` in a row). No-op when none is pending."""
-        if not self._pending:
+    def sync(self) -> list[StepResult]:
+        """Every update settled since the last call, in issue order (those still issued are read
+        back first): the loop calls it at log, evaluation and stop points."""
+        self._read_back()
+        settled, self._settled = self._settled, []
+        return settled
+
+    def _read_back(self) -> None:
+        """THE place where training waits for the device: one read-back of every issued update's
+        values, then, in issue order, each one's number, `state.step` taken back for a skipped
+        one, the target tokens and the non-finite counters (NmtError at ``train.max_nonfinite`` in
+        a row). No-op when none is issued."""
+        if not self._issued:
             return
-        pending, self._pending = self._pending, []
-        rows = torch.stack([p.stats for p in pending]).tolist()  # the one wait for the device
+        issued, self._issued = self._issued, []
+        rows = torch.stack([u.stats for u in issued]).tolist()  # ── the one wait for the device ──
         s = self.state
-        s.step -= len(pending)
-        for p, (loss, nll, tokens, norm, bad) in zip(pending, rows, strict=True):
+        s.step -= len(issued)
+        for u, (loss, nll, tokens, norm, bad) in zip(issued, rows, strict=True):
             s.tokens += int(tokens)
-            skipped = bool(bad) or p.overflow
+            skipped = bool(bad) or u.overflow
             run = s.nonfinite_run + 1 if bad else 0
-            p.result.settled = Settled(s.step + 1, loss / tokens, nll / tokens, int(tokens), norm, skipped, run)
+            self._settled.append(
+                StepResult(s.step + 1, u.lr, loss / tokens, nll / tokens, int(tokens), norm, skipped, run,
+                           u.pad, u.slots, u.flops)
+            )  # fmt: skip
             if bad:
                 self._count_nonfinite()
             else:
                 s.nonfinite_run = 0
                 s.step += 0 if skipped else 1
+
+    def _schedule(self, number: int) -> float:
+        """The learning rate of update `number`; at the updates of warmup, where warmup ends for
+        the budget schedules (`TrainState.warmup_elapsed`)."""
+        if number <= self.cfg.warmup:
+            self.state.warmup_elapsed = self.state.elapsed
+        return learning_rate(number, self.cfg, self.state.elapsed, self.state.warmup_elapsed)
 
     def _on_device(self, batch: Batch | Tensors) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Packings]:
         """src, tgt_in, tgt_out and, for a `Batch` and a model that takes it, the packing, on the device."""
@@ -222,18 +234,6 @@ class Trainer:
             return torch.full((), float(local), dtype=torch.float64, device=self.device), 1.0 / local
         total = all_reduce_sum(torch.full((1,), float(local), dtype=torch.float64, device=self.device))[0]
         return total, (world_size() / total).float()
-
-    def _forward_backward(self, batches: list[tuple], scale: float | torch.Tensor) -> torch.Tensor:
-        """Backward of every micro-batch's loss × `scale`; (loss sum, NLL sum) float64, summed over ranks.
-        The source word dropout of ``train.src_word_dropout`` applies here (training only)."""
-        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
-        for i, (src, tgt_in, tgt_out, packing) in enumerate(batches):
-            src = drop_source_words(src, self.cfg.src_word_dropout)
-            with self._no_sync(last=i == len(batches) - 1):
-                objective, loss, nll = self._loss(src, tgt_in, tgt_out, packing)
-                self.scaler.scale(objective * scale).backward()
-            sums += torch.stack([loss.detach(), nll]).double()
-        return all_reduce_sum(sums)
 
     def _loss(
         self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, packing: Packings
@@ -269,31 +269,26 @@ class Trainer:
         return self.model(src, tgt_in, keep, **extra), target
 
     def _no_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """DDP: no gradient all-reduce before the last micro-batch of an update."""
         if not last and hasattr(self.model, "no_sync"):
             return self.model.no_sync()
         return contextlib.nullcontext()
 
-    def _apply(self, lr: float, loss_sum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """Unscale, clip, step, zero the gradients. Returns the gradient norm before clipping and the
-        non-finite flag (device tensors), and whether fp16's GradScaler skipped for an overflow.
-
-        Flagged: a non-finite loss, or a non-finite gradient norm without a loss scaler (with fp16
-        that is the scaler's overflow). A flagged update changes no weight and no optimizer state."""
-        self.scaler.unscale_(self.optimizer)
-        max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
-        finite = torch.isfinite(loss_sum)
-        if not self.scaler.is_enabled():
-            finite = finite & torch.isfinite(norm)
-        bad = ~finite
-        set_learning_rate(self.optimizer, lr)
-        overflow = self._step_scaled(bad) if self.scaler.is_enabled() else self._step(bad)
-        self.optimizer.zero_grad(set_to_none=True)
-        return norm, bad, overflow
-
     def _step(self, bad: torch.Tensor) -> bool:
-        """The optimizer step unless `bad`: decided on the device by fused AdamW (its step counts are
-        restored too); an optimizer without ``found_inf`` reads the flag back. Never an overflow."""
+        """The optimizer step unless `bad` (a flagged update changes no weight and no optimizer
+        state); True when fp16's GradScaler skipped it for an overflow.
+
+        Fused AdamW decides on the device (``found_inf``; its step counts are restored too); an
+        optimizer without it reads the flag back. fp16's GradScaler decides on the host (a wait per
+        update) and lowers its scale on an overflow; a non-finite loss only updates the scaler."""
+        if self.scaler.is_enabled():
+            if bool(bad):
+                self.scaler.update()
+                return False
+            scale_before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            return self.scaler.get_scale() < scale_before
         if not self.fused:
             if not bool(bad):
                 self.optimizer.step()
@@ -304,17 +299,6 @@ class Trainer:
         finally:
             del self.optimizer.found_inf
         return False
-
-    def _step_scaled(self, bad: torch.Tensor) -> bool:
-        """fp16: the GradScaler decides on the host (a wait per update); True when it skipped the step
-        for an overflow (it then lowered its scale). A non-finite loss only updates the scaler."""
-        if bool(bad):
-            self.scaler.update()
-            return False
-        scale_before = self.scaler.get_scale()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        return self.scaler.get_scale() < scale_before
 
     def _count_nonfinite(self) -> None:
         self.state.nonfinite_run += 1
@@ -328,9 +312,9 @@ class Trainer:
     # ----------------------------------------------------------------- checkpoint state
 
     def state_dict(self) -> dict:
-        """What a checkpoint saves (pending updates are settled first). With ``train.ema_decay``
+        """What a checkpoint saves (issued updates are read back first). With ``train.ema_decay``
         also ``raw_weights``: the model's own weights, while the checkpoint's weights are the average."""
-        self.flush()
+        self._read_back()
         raw = {"raw_weights": self.ema.raw_weights()} if self.ema is not None else {}
         return {
             "optimizer": self.optimizer.state_dict(),
@@ -353,7 +337,7 @@ class Trainer:
         if d.get("scaler") and self.scaler.is_enabled():
             self.scaler.load_state_dict(d["scaler"])
         self.state = TrainState.from_dict(d["train"])
-        self._pending = []
+        self._issued, self._settled = [], []
         if restore_rng:
             set_rng_state(d["rng"])
 

@@ -129,7 +129,7 @@ def test_a_run_trains_on_resampled_pieces_and_validates_on_the_stored_ones(tiny_
     config = load_config(ROOT / "configs" / "tiny.yaml", [*TINY_LEARNS, "train.max_steps=3", "train.subword_alpha=0.1"])
     trained, validated = [], []
     update, validate = Trainer.update, Validator.loss
-    monkeypatch.setattr(Trainer, "update", lambda self, batches: trained.extend(batches) or update(self, batches))
+    monkeypatch.setattr(Trainer, "update", lambda self, b, **kw: trained.extend(b) or update(self, b, **kw))
     monkeypatch.setattr(Validator, "loss", lambda self, model: validated.append(self.dataset) or validate(self, model))
     loop.fit(config, run)
     _, en = load_tokenizers(run, config)

@@ -302,7 +302,8 @@ def test_a_training_update_hands_the_batch_packing_to_the_model(monkeypatch):
     model = flash_model_on_cpu(monkeypatch).train()
     trainer = Trainer(model, TrainConfig(precision="fp32", warmup=1), torch.device("cpu"))
     before = [p.detach().clone() for p in model.parameters()]
-    result = trainer.update([collate(random_pairs(4, seed=2)), collate(random_pairs(3, seed=3))])
+    trainer.update([collate(random_pairs(4, seed=2)), collate(random_pairs(3, seed=3))])
+    [result] = trainer.sync()
     assert not result.skipped and math.isfinite(result.loss)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 

@@ -53,9 +53,9 @@ def clocked(monkeypatch) -> None:
     monkeypatch.setattr(stopping, "clock", lambda: now[0])
     update = Trainer.update
 
-    def timed(self, batches):
+    def timed(self, batches, **extra):
         now[0] += 1.0
-        return update(self, batches)
+        return update(self, batches, **extra)
 
     monkeypatch.setattr(Trainer, "update", timed)
 

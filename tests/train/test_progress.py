@@ -7,7 +7,7 @@ import pytest
 
 from nmt.run.log import format_values
 from nmt.train.progress import TrainProgress, Window
-from nmt.train.update import Settled, StepResult, TrainState
+from nmt.train.update import StepResult, TrainState
 
 
 class FakeLog:
@@ -28,10 +28,7 @@ class FakeLog:
 
 
 def settled(step: int, tokens: int = 100, flops: float = 1e9, skipped: bool = False) -> StepResult:
-    r = StepResult(step, 1e-3, pad=10, slots=40, flush=lambda: None)
-    r.flops = flops
-    r.settled = Settled(step, 2.0, 1.5, tokens, 0.5, skipped, int(skipped))
-    return r
+    return StepResult(step, 1e-3, 2.0, 1.5, tokens, 0.5, skipped, int(skipped), pad=10, slots=40, flops=flops)
 
 
 def test_mfu_is_the_windows_flops_over_its_update_time_and_the_peak():

@@ -115,7 +115,9 @@ def test_the_update_uses_the_configured_label_smoothing(epsilon):
         logits = model(src, tgt_in)
     want = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID, label_smoothing=epsilon)
     other = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID, label_smoothing=0.2)
-    got = trainer(model, label_smoothing=epsilon).update([(src, tgt_in, tgt_out)]).loss
+    t = trainer(model, label_smoothing=epsilon)
+    t.update([(src, tgt_in, tgt_out)])
+    got = t.sync()[0].loss
     assert got == pytest.approx(want.item(), rel=1e-5) and got != pytest.approx(other.item(), abs=1e-3)
 
 
@@ -154,7 +156,9 @@ def test_rdrop_runs_two_passes_and_adds_the_kl_of_their_dropout():
     kl = symmetric_kl(noisy.outs[0], noisy.outs[1], tgt_out, packed=False)
     assert kl > 0 and (objective - loss).item() == pytest.approx(5.0 * kl.item(), rel=1e-4)
     model, (src, tgt_in, tgt_out) = Lookup(p=0.3), batch()
-    loss = trainer(model, rdrop_alpha=5.0).update([(src, tgt_in, tgt_out)]).loss
+    t = trainer(model, rdrop_alpha=5.0)
+    t.update([(src, tgt_in, tgt_out)])
+    loss = t.sync()[0].loss
     ce = [
         F.cross_entropy(o.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID, label_smoothing=0.1)
         for o in model.outs

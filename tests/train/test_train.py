@@ -169,14 +169,14 @@ def test_prefetched_batches_train_bit_identically_and_save_the_same_position(tmp
 def test_the_loop_reads_back_only_at_log_evaluation_and_stop_points(tmp_path, monkeypatch):
     synthetic_run(tmp_path / "r", "reverse", n_train=150, n_valid=16)
     read_backs = []
-    flush = Trainer.flush
+    read_back = Trainer._read_back
 
     def counted(self):
-        if self._pending:
-            read_backs.append((self.state.step, len(self._pending)))
-        flush(self)
+        if self._issued:
+            read_backs.append((self.state.step, len(self._issued)))
+        read_back(self)
 
-    monkeypatch.setattr(Trainer, "flush", counted)
+    monkeypatch.setattr(Trainer, "_read_back", counted)
     steps = Steps()
     fit(resume_config(14, "train.log_every=4", "train.eval_every=6"), tmp_path / "r", on_step=steps)
     # (provisional step, updates read back): log points 4, 8, 12; evaluations 6, 12; the stop at 14

@@ -1,4 +1,4 @@
-"""`Trainer.update` reads nothing back from the device; `Trainer.flush` settles (nmt/train/update.py).
+"""`Trainer.update` reads nothing back from the device; `Trainer.sync` reads back once (nmt/train/update.py).
 And what an update does: non-finite losses skipped and counted, accumulation, clipping."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from torch import nn
 from nmt.config import TrainConfig, load_config
 from nmt.data.batching import Batch, collate
 from nmt.errors import NmtError
-from nmt.train.update import Trainer, host_counts
+from nmt.train.update import StepResult, Trainer, host_counts
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy")
@@ -46,6 +46,13 @@ def batches(seed: int, n: int = 4) -> list[Batch]:
     return [collate(pairs[: n // 2]), collate(pairs[n // 2 :])]
 
 
+def one_update(trainer: Trainer, batches: list) -> StepResult:
+    """Issue one update and read it back."""
+    trainer.update(batches)
+    [result] = trainer.sync()
+    return result
+
+
 def constant_lr(**extra) -> TrainConfig:
     """A schedule flat at lr from the first update (cosine from lr to lr), fp32."""
     cfg = dict(precision="fp32", schedule="cosine", lr=0.01, min_lr=0.01, warmup=1, max_steps=1000)
@@ -67,13 +74,14 @@ def reads(monkeypatch) -> list[str]:
     return seen
 
 
-def test_updates_read_nothing_back_until_flush(reads):
+def test_updates_read_nothing_back_until_sync(reads):
     torch.manual_seed(0)
     trainer = Trainer(PackedToy(), constant_lr(max_nonfinite=100), torch.device("cpu"))
-    results = [trainer.update(batches(seed)) for seed in range(5)]
+    for seed in range(5):
+        trainer.update(batches(seed))
     assert reads == []  # loss, NLL, tokens, grad norm and the skip decision all stayed on the device
-    assert all(r.settled is None for r in results) and trainer.state.step == 5
-    trainer.flush()
+    assert trainer.state.step == 5
+    results = trainer.sync()
     assert reads == ["tolist"]  # one read-back for the five updates
     assert [r.step for r in results] == [1, 2, 3, 4, 5] and not any(r.skipped for r in results)
     expected = [sum(b.tgt_packing.index.numel() for b in batches(seed)) for seed in range(5)]
@@ -81,11 +89,16 @@ def test_updates_read_nothing_back_until_flush(reads):
     assert all(np.isfinite(r.loss) and r.grad_norm > 0 for r in results)
 
 
-def test_reading_a_result_flushes_every_pending_update():
+def test_sync_hands_out_every_update_read_back_since_the_last_sync(reads):
+    """Those a checkpoint read back included; results are plain numbers, read once."""
     trainer = Trainer(PackedToy(), constant_lr(max_nonfinite=100), torch.device("cpu"))
-    first, second = trainer.update(batches(1)), trainer.update(batches(2))
-    assert second.loss > 0  # reading settles both
-    assert first.settled is not None and first.step == 1 and second.step == 2
+    trainer.update(batches(1))
+    trainer.state_dict()  # reads the first back
+    trainer.update(batches(2))
+    first, second = trainer.sync()
+    assert reads.count("tolist") == 2 and (first.step, second.step) == (1, 2)
+    assert isinstance(second.loss, float) and isinstance(second.tokens, int) and trainer.sync() == []
+    assert reads.count("tolist") == 2  # nothing issued: no read-back
 
 
 def test_a_nonfinite_update_is_skipped_on_the_device_and_taken_back_at_flush():
@@ -95,18 +108,18 @@ def test_a_nonfinite_update_is_skipped_on_the_device_and_taken_back_at_flush():
     b.load_state_dict(a.state_dict())
     ta = Trainer(a, constant_lr(), torch.device("cpu"))
     tb = Trainer(b, constant_lr(), torch.device("cpu"))
-    results = [ta.update(batches(1))]
+    ta.update(batches(1))
     a.poison = True
-    results.append(ta.update(batches(2)))
+    ta.update(batches(2))
     a.poison = False
-    results.append(ta.update(batches(3)))
-    assert ta.state.step == 3  # provisional until the flush
-    ta.flush()
+    ta.update(batches(3))
+    assert ta.state.step == 3  # provisional until the read-back
+    results = ta.sync()
     assert [(r.step, r.skipped) for r in results] == [(1, False), (2, True), (2, False)]
     assert (ta.state.step, ta.state.nonfinite_total, ta.state.nonfinite_run) == (2, 1, 0)
     tb.update(batches(1))
     tb.update(batches(3))
-    tb.flush()
+    tb.sync()
     for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb), name
         sa, sb = ta.optimizer.state[pa], tb.optimizer.state[pb]
@@ -118,8 +131,8 @@ def test_the_batch_packing_gives_the_same_update_as_the_pad_mask():
     torch.manual_seed(0)
     a, b = PackedToy(), PackedToy()
     b.load_state_dict(a.state_dict())
-    ra = Trainer(a, constant_lr(), torch.device("cpu")).update(batches(4))
-    rb = Trainer(b, constant_lr(), torch.device("cpu")).update([tuple(x) for x in batches(4)])  # no packing
+    ra = one_update(Trainer(a, constant_lr(), torch.device("cpu")), batches(4))
+    rb = one_update(Trainer(b, constant_lr(), torch.device("cpu")), [tuple(x) for x in batches(4)])  # no packing
     assert (ra.loss, ra.nll, ra.tokens, ra.grad_norm) == (rb.loss, rb.nll, rb.tokens, rb.grad_norm)
     assert all(torch.equal(pa, pb) for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
 
@@ -135,9 +148,9 @@ def test_host_counts_of_a_batch_match_its_tensors():
 
 def test_a_checkpoint_settles_first():
     trainer = Trainer(PackedToy(), constant_lr(max_nonfinite=100), torch.device("cpu"))
-    result = trainer.update(batches(6))
+    trainer.update(batches(6))
     state = trainer.state_dict()
-    assert result.settled is not None and state["train"]["step"] == 1 and state["train"]["tokens"] == result.tokens
+    assert state["train"]["step"] == 1 and state["train"]["tokens"] == trainer.sync()[0].tokens
 
 
 class Toy(nn.Module):
@@ -166,17 +179,17 @@ def test_nonfinite_loss_is_skipped_counted_and_aborts():
     cfg = load_config(TINY, ["train.max_nonfinite=3"]).train
     model = Toy()
     trainer = Trainer(model, cfg, torch.device("cpu"))
-    assert not trainer.update([toy_batch()]).skipped
+    assert not one_update(trainer, [toy_batch()]).skipped
     assert trainer.state.step == 1
     before = {k: v.clone() for k, v in model.state_dict().items()}
     model.poison = True
     for i in (1, 2):
-        r = trainer.update([toy_batch()])
+        r = one_update(trainer, [toy_batch()])
         assert r.skipped and trainer.state.nonfinite_run == i
     assert trainer.state.step == 1
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # no update applied
     model.poison = False
-    assert not trainer.update([toy_batch()]).skipped
+    assert not one_update(trainer, [toy_batch()]).skipped
     assert trainer.state.nonfinite_run == 0 and trainer.state.nonfinite_total == 2
     model.poison = True
     trainer.update([toy_batch()])
@@ -193,10 +206,10 @@ def test_accumulation_equals_one_big_batch():
     b = Toy()
     b.load_state_dict(a.state_dict())
     src, tgt_in, tgt_out = toy_batch()
-    ra = Trainer(a, cfg, torch.device("cpu")).update(
-        [(src[:1], tgt_in[:1], tgt_out[:1]), (src[1:], tgt_in[1:], tgt_out[1:])]
+    ra = one_update(
+        Trainer(a, cfg, torch.device("cpu")), [(src[:1], tgt_in[:1], tgt_out[:1]), (src[1:], tgt_in[1:], tgt_out[1:])]
     )
-    rb = Trainer(b, cfg, torch.device("cpu")).update([(src, tgt_in, tgt_out)])
+    rb = one_update(Trainer(b, cfg, torch.device("cpu")), [(src, tgt_in, tgt_out)])
     assert ra.tokens == rb.tokens == 5
     assert ra.loss == pytest.approx(rb.loss, rel=1e-6)
     for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
@@ -206,6 +219,6 @@ def test_accumulation_equals_one_big_batch():
 def test_clipping_bounds_the_update():
     cfg = load_config(TINY, ["train.clip_norm=0.001", "train.lr=1.0", "train.warmup=1"]).train
     trainer = Trainer(Toy(), cfg, torch.device("cpu"))
-    r = trainer.update([toy_batch()])
+    r = one_update(trainer, [toy_batch()])
     assert r.grad_norm > 0.001  # the reported norm is the one before clipping
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1.0)

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from nmt.config import Config, load_config  # noqa: E402
-from nmt.hw.device import fast_bf16_available, set_threads  # noqa: E402
+from nmt.hw.device import fast_bf16_available, set_threads, training_precision  # noqa: E402
 from nmt.model.flops import matmul_peak_flops, train_flops  # noqa: E402
 
 REFERENCE = [
@@ -93,8 +93,8 @@ def run_one(args: argparse.Namespace, variant: str) -> dict:
     model = build_model(config, src_tok.vocab_size, tgt_tok.vocab_size)
     if config.train.compile:
         model = torch.compile(model)
-    trainer = Trainer(model, config.train, torch.device("cpu"))
     device = torch.device("cpu")
+    trainer = Trainer(model, config.train, device, precision=training_precision(device, config.train.precision))
     losses, tgt_tokens, all_tokens, flops, seconds = [], 0, 0, 0.0, 0.0
     for i in range(args.warmup + args.steps):
         src, tgt_in, tgt_out = (t.to(device) for t in load_batch(data, batches[i % len(batches)]))

@@ -10,6 +10,11 @@ Precision policy (weights and optimizer state always stay fp32):
   emulated and far slower than fp32, so auto never picks them there; an explicit bf16 there
   trains, with one warning line.
 
+`training_precision` resolves ``train.precision`` once per training process (the training loop
+calls it at set-up) into fp32, bf16 or fp16, and that value is passed down: `autocast`,
+`grad_scaler` and `describe` take it resolved and never look at ``auto``. The resolved value
+depends on the host, so it is never written into the run's config.
+
 Decoding converts the model itself instead of autocasting; its precision is chosen in
 `nmt.decode.precision`. bf16 is used only where `nmt.hw.host` found that it runs, and its timing
 is a probe (`nmt.hw.host.probe`: cached per process and on disk, keyed by the CPU and the kernels
@@ -30,6 +35,7 @@ from nmt.hw.cores import available_cores
 from nmt.hw.host import interleaved_times, probe, spread, steady
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+RESOLVED = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # what auto becomes → autocast dtype
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -79,17 +85,21 @@ def _matmul_times() -> dict[str, object]:
     return {"times": {name: min(t) for name, t in times.items()}, "spread": max(map(spread, times.values()))}
 
 
-def resolve_precision(device: torch.device, precision: str) -> str:
-    """'auto' → 'bf16' where it is fast on `device`, else 'fp32'; other values unchanged."""
-    if precision != "auto":
-        return precision
-    return "bf16" if fast_bf16_available(device) else "fp32"
+def training_precision(device: torch.device, precision: str) -> str:
+    """THE resolution of ``train.precision`` on `device`: 'auto' → 'bf16' where it is fast there,
+    else 'fp32'; an explicit value checked (`check_precision`) and returned."""
+    if precision == "auto":
+        return "bf16" if fast_bf16_available(device) else "fp32"
+    check_precision(device, precision)
+    return precision
 
 
 def check_precision(device: torch.device, precision: str) -> None:
     """Raise NmtError for a precision the device cannot train in; one warning line (once) for bf16
-    on a CPU where it runs emulated, far slower than fp32."""
-    precision = resolve_precision(device, precision)
+    on a CPU where it runs emulated, far slower than fp32. 'auto' passes: it never resolves to a
+    precision the device cannot run."""
+    if precision == "auto":
+        return
     if precision not in PRECISIONS:
         raise NmtError(f"train.precision: {precision!r} is not one of {' | '.join(PRECISIONS)}")
     if precision == "fp16" and device.type != "cuda":
@@ -105,14 +115,16 @@ def check_precision(device: torch.device, precision: str) -> None:
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:
-    return {"auto": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    """The autocast dtype of a resolved precision (`training_precision`); None for fp32."""
+    if precision not in RESOLVED:
+        raise ValueError(f"{precision!r} is not a resolved training precision (see training_precision)")
+    return RESOLVED[precision]
 
 
 @contextlib.contextmanager
 def autocast(device: torch.device, precision: str) -> Iterator[None]:
-    """Mixed-precision context for forward passes; a no-op for fp32."""
-    check_precision(device, precision)
-    dtype = autocast_dtype(resolve_precision(device, precision))
+    """Mixed-precision context for forward passes in a resolved `precision`; a no-op for fp32."""
+    dtype = autocast_dtype(precision)
     if dtype is None:
         yield
         return
@@ -121,9 +133,10 @@ def autocast(device: torch.device, precision: str) -> Iterator[None]:
 
 
 def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
-    """A GradScaler that is enabled only for fp16 (disabled scalers pass everything through)."""
-    check_precision(device, precision)
-    return torch.amp.GradScaler(device.type, enabled=resolve_precision(device, precision) == "fp16")
+    """A GradScaler, enabled only for a resolved `precision` of fp16 (disabled scalers pass
+    everything through)."""
+    autocast_dtype(precision)  # a resolved precision
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
 
 KERNEL_CACHE = "128"  # oneDNN primitives a training process keeps (oneDNN's own default: 1,024)
@@ -146,12 +159,12 @@ def set_threads(n: int) -> None:
     torch.set_num_threads(n if n > 0 else available_cores())
 
 
-def describe(device: torch.device, precision: str) -> str:
-    """One line for logs: 'cpu (4 threads), bf16' or 'cuda:0 NVIDIA H100, fp16'."""
+def describe(device: torch.device, precision: str, configured: str) -> str:
+    """One line for logs: 'cpu (4 threads), bf16 (auto)' or 'cuda:0 NVIDIA H100, fp16': the
+    resolved `precision`, marked (auto) where the config said so (`configured`)."""
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         where = f"cuda:{index} {torch.cuda.get_device_name(index)}"
     else:
         where = f"cpu ({torch.get_num_threads()} threads)"
-    resolved = resolve_precision(device, precision)
-    return f"{where}, {resolved}" + (" (auto)" if precision == "auto" else "")
+    return f"{where}, {precision}" + (" (auto)" if configured == "auto" else "")

@@ -49,7 +49,7 @@ from nmt.data.batching import Batch, Prefetcher, WindowSampler, collate, load_ba
 from nmt.data.concat import ConcatenatedPairs
 from nmt.data.subword_sampling import SubwordSampler
 from nmt.data.vocab import check_vocab_copied
-from nmt.hw.device import check_precision, describe, resolve_device, resolve_precision, set_threads
+from nmt.hw.device import describe, resolve_device, set_threads, training_precision
 from nmt.model.flops import train_flops, training_peak_flops
 from nmt.model.wrappers import wrap
 from nmt.run import weights as ckpt
@@ -185,7 +185,8 @@ class TrainData:
     subwords: SubwordSampler | None = None  # train.subword_alpha's resampling of the training pairs
 
     @classmethod
-    def open(cls, config: Config, run_dir: Path, device: torch.device, info: DistInfo) -> TrainData:
+    def open(cls, config: Config, run_dir: Path, device: torch.device, info: DistInfo, precision: str) -> TrainData:
+        """`precision`: training's, resolved (`nmt.hw.device.training_precision`), for the validator."""
         from nmt.data.encoded import ParallelSplit
 
         t = config.train
@@ -203,7 +204,7 @@ class TrainData:
             src_tok, tgt_tok = load_tokenizers(run_dir, config)
         if info.is_main:
             valid = ParallelSplit.open(run_dir, "valid", config)
-            validator = Validator(config, run_dir, valid, device, tgt_tok)
+            validator = Validator(config, run_dir, valid, device, tgt_tok, precision=precision)
         subwords = None
         if t.subword_alpha > 0:
             models = [run.vocab_model(lang) for lang in (config.data.src_lang, config.data.tgt_lang)]
@@ -264,24 +265,25 @@ class _Run:
         t = config.train
         self.config, self.device, self.info = config, device, info
         self.rules = StoppingRules(config)
-        check_precision(device, t.precision)
+        self.precision = training_precision(device, t.precision)  # once per process, passed down
         set_threads(t.threads)
         self.ckpt_dir = RunDir(run_dir).checkpoints
         if restart and info.is_main:
             ckpt.clear_checkpoints(self.ckpt_dir)
             shutil.rmtree(RunDir(run_dir).tb, ignore_errors=True)
         barrier()  # no rank may look for checkpoints before rank 0 has cleared them
-        self.data = TrainData.open(config, run_dir, device, info)
+        self.data = TrainData.open(config, run_dir, device, info, self.precision)
         self.vocab = self.data.vocab_sizes(config)
         self.peak = 0.0  # matmul FLOP/s for MFU: the Transformer's, on rank 0 (which logs)
         if info.is_main and build is None:
-            self.peak = training_peak_flops(device, resolve_precision(device, t.precision))
+            self.peak = training_peak_flops(device, self.precision)
         self.model = build_seeded(config, self.vocab, device, build)
         self.resumed = resume_checkpoint(self.model, self.ckpt_dir)
         if self.resumed.path is None and t.init_from:
             check_vocab_copied(config, run_dir)
             self.resumed.notes.append(init_weights(self.model, config))
-        self.trainer = Trainer(wrap(self.model, config.train.compile, info.world_size, device), t, device)
+        model = wrap(self.model, config.train.compile, info.world_size, device)
+        self.trainer = Trainer(model, t, device, precision=self.precision)
         if self.resumed.state is not None:
             self.trainer.load_state_dict(self.resumed.state, restore_rng=info.is_main)
             note = reshard(self.trainer.state, self.resumed.state.get("world_size", 1), info.world_size)
@@ -369,7 +371,8 @@ class _Run:
         for note in self.resumed.notes:
             self.log.line(note)
         self.log.line(describe_model(self.model))
-        self.log.line(f"device: {describe(self.device, self.config.train.precision)}, ranks {self.info.world_size}")
+        where = describe(self.device, self.precision, self.config.train.precision)
+        self.log.line(f"device: {where}, ranks {self.info.world_size}")
         if self.peak:
             peak = f"{self.peak / 1e12:.1f} TFLOP/s" if self.peak >= 1e12 else f"{self.peak / 1e9:.1f} GFLOP/s"
             self.log.line(f"matmul peak {peak} (measured once per host): mfu is against it")

@@ -128,13 +128,22 @@ def host_counts(batch: Batch | Tensors) -> tuple[int, int, int]:
 
 class Trainer:
     """Owns the optimizer and loss scaler of `model`; `update()` issues one step, `sync()` reads
-    the issued steps back."""
+    the issued steps back. `precision` is ``train.precision`` resolved for `device` (fp32, bf16 or
+    fp16: `nmt.hw.device.training_precision`)."""
 
-    def __init__(self, model: nn.Module, cfg: TrainConfig, device: torch.device, state: TrainState | None = None):
-        self.model, self.cfg, self.device = model, cfg, device
+    def __init__(
+        self,
+        model: nn.Module,
+        cfg: TrainConfig,
+        device: torch.device,
+        *,
+        precision: str,
+        state: TrainState | None = None,
+    ) -> None:
+        self.model, self.cfg, self.device, self.precision = model, cfg, device, precision
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(model, cfg)
-        self.scaler = grad_scaler(device, cfg.precision)
+        self.scaler = grad_scaler(device, precision)
         self.max_norm = cfg.clip_norm if cfg.clip_norm > 0 else math.inf
         self.state = state or TrainState()
         self.packed = isinstance(unwrap(model), PacksLogits)  # through DDP / torch.compile
@@ -246,7 +255,7 @@ class Trainer:
         eps, passes = self.cfg.label_smoothing, 2 if self.cfg.rdrop_alpha > 0 else 1
         outs = []
         for _ in range(passes):
-            with autocast(self.device, self.cfg.precision):
+            with autocast(self.device, self.precision):
                 logits, target = self._logits(src, tgt_in, tgt_out, packing)
             outs.append((logits, *label_smoothed_nll(logits, target, eps, packed=self.packed)[:2]))
         if passes == 1:

@@ -47,8 +47,19 @@ DECODE_BATCH = 64
 
 
 class Validator:
-    def __init__(self, config: Config, run_dir: Path, dataset: Any, device: torch.device, tgt_tokenizer: Any = None):
+    def __init__(
+        self,
+        config: Config,
+        run_dir: Path,
+        dataset: Any,
+        device: torch.device,
+        tgt_tokenizer: Any = None,
+        *,
+        precision: str,
+    ) -> None:
+        """`precision`: training's, resolved (`nmt.hw.device.training_precision`)."""
         self.config, self.dataset, self.device, self.tokenizer = config, dataset, device, tgt_tokenizer
+        self.precision = precision
         t, longest = config.train, config.model.max_positions - 1  # + BOS/EOS = max_positions
         # every pair up to the model's length limit, even if longer than train.max_len
         budget = max(t.max_tokens, longest + 1)
@@ -103,7 +114,7 @@ class Validator:
             src, tgt_in, tgt_out = batch.src, batch.tgt_in, batch.tgt_out
             keep = tgt_out != PAD_ID  # (B, T)
             kw = {"packing": batch.packing} if extra else {}
-            with autocast(self.device, self.config.train.precision):
+            with autocast(self.device, self.precision):
                 logits = model(src, tgt_in, keep, **kw) if packed else model(src, tgt_in, **kw)  # (N, V) | (B, T, V)
             target = tgt_out[keep] if packed else tgt_out
             loss, nll, n = label_smoothed_nll(logits, target, self.config.train.label_smoothing)
@@ -124,7 +135,7 @@ class Validator:
         for start in range(0, len(order), DECODE_BATCH):
             chunk = order[start : start + DECODE_BATCH]
             src = pad_sources([srcs[i] for i in chunk]).to(self.device)
-            with autocast(self.device, self.config.train.precision):
+            with autocast(self.device, self.precision):
                 out = greedy_search(model, src, max_len_a=d.max_len_a, max_len_b=d.max_len_b, min_len=d.min_len)
             for i, ids in zip(chunk, out, strict=True):
                 hyps[i] = self.detok(ids, int(i))

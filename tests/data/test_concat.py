@@ -92,9 +92,9 @@ def test_training_reads_joined_pairs_only_when_asked(tiny_run):
 
     info = SimpleNamespace(rank=0, world_size=1, is_main=False)
     config = load_config(ROOT / "configs" / "tiny.yaml")
-    plain = loop.TrainData.open(config, tiny_run, torch.device("cpu"), info)
+    plain = loop.TrainData.open(config, tiny_run, torch.device("cpu"), info, "fp32")
     config.train.concat_pairs = 0.25
-    joined = loop.TrainData.open(config, tiny_run, torch.device("cpu"), info)
+    joined = loop.TrainData.open(config, tiny_run, torch.device("cpu"), info, "fp32")
     assert isinstance(joined.dataset, ConcatenatedPairs) and not isinstance(plain.dataset, ConcatenatedPairs)
     assert len(joined.dataset) == len(plain.dataset) + int(len(plain.dataset) * 0.25)
     feed = loop._Feed(joined, 1, TrainState(), torch.device("cpu"))

@@ -134,7 +134,8 @@ def test_a_run_trains_on_resampled_pieces_and_validates_on_the_stored_ones(tiny_
     loop.fit(config, run)
     _, en = load_tokenizers(run, config)
     texts = {en.decode(ids.tolist()) for b in trained for ids in b.tgt_out}  # ids + EOS + pads: decode drops them
-    stored = loop.TrainData.open(config, run, torch.device("cpu"), SimpleNamespace(rank=0, world_size=1, is_main=False))
+    info = SimpleNamespace(rank=0, world_size=1, is_main=False)
+    stored = loop.TrainData.open(config, run, torch.device("cpu"), info, "fp32")
     pieces = {tuple(stored.dataset.pair(i)[1].tolist()) for i in range(len(stored.dataset))}
     assert texts <= {en.decode(list(p)) for p in pieces}  # the same sentences
     rows = [tuple(t[: int((t != 0).sum()) - 1].tolist()) for b in trained for t in b.tgt_out]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from nmt.errors import NmtError
-from nmt.hw.device import autocast, grad_scaler, resolve_device, set_threads
+from nmt.hw.device import autocast, grad_scaler, resolve_device, set_threads, training_precision
 
 pytestmark = pytest.mark.precision
 
@@ -39,10 +39,8 @@ def test_autocast_bf16_on_cpu_and_fp32_noop():
 def test_fp16_needs_cuda():
     if torch.cuda.is_available():
         pytest.skip("CUDA present")
-    with pytest.raises(NmtError, match="fp16"), autocast(torch.device("cpu"), "fp16"):
-        pass
-    with pytest.raises(NmtError, match="fp16"):
-        grad_scaler(torch.device("cpu"), "fp16")
+    with pytest.raises(NmtError, match="train.precision: fp16 needs a CUDA device"):
+        training_precision(torch.device("cpu"), "fp16")
 
 
 def test_grad_scaler_disabled_outside_fp16():
@@ -76,13 +74,24 @@ def test_set_threads():
 
 
 def test_auto_precision_resolves_to_a_concrete_one():
-    from nmt.hw.device import fast_bf16_available, resolve_precision
+    from nmt.hw import host
+    from nmt.hw.device import fast_bf16_available
 
     cpu = torch.device("cpu")
-    assert resolve_precision(cpu, "auto") == ("bf16" if fast_bf16_available(cpu) else "fp32")
-    for p in ("fp32", "bf16"):
-        assert resolve_precision(cpu, p) == p
-    assert not grad_scaler(cpu, "auto").is_enabled()
+    assert training_precision(cpu, "auto") == ("bf16" if fast_bf16_available(cpu) else "fp32")
+    assert training_precision(cpu, "fp32") == "fp32"
+    if host.current().has("matmul-bf16"):
+        assert training_precision(cpu, "bf16") == "bf16"
+
+
+def test_what_takes_a_precision_takes_it_resolved():
+    """autocast and the grad scaler never resolve auto themselves: it is resolved once, at set-up."""
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="not a resolved training precision"), autocast(cpu, "auto"):
+        pass
+    with pytest.raises(ValueError, match="not a resolved training precision"):
+        grad_scaler(cpu, "auto")
+    assert not grad_scaler(cpu, training_precision(cpu, "auto")).is_enabled()
 
 
 # --------------------------------------------------------------------------- decoding precision

@@ -300,7 +300,7 @@ def test_a_training_update_hands_the_batch_packing_to_the_model(monkeypatch):
     """Trainer.update moves a collated Batch, packing included, and passes it on: a whole
     forward + backward + step with flash and not one `_unpad_index` (tests/train is another owner's)."""
     model = flash_model_on_cpu(monkeypatch).train()
-    trainer = Trainer(model, TrainConfig(precision="fp32", warmup=1), torch.device("cpu"))
+    trainer = Trainer(model, TrainConfig(precision="fp32", warmup=1), torch.device("cpu"), precision="fp32")
     before = [p.detach().clone() for p in model.parameters()]
     trainer.update([collate(random_pairs(4, seed=2)), collate(random_pairs(3, seed=3))])
     [result] = trainer.sync()

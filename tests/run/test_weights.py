@@ -18,7 +18,7 @@ def model(tiny_config):
 
 
 def trainer_state(model, config) -> dict:
-    trainer = Trainer(model, config.train, torch.device("cpu"))
+    trainer = Trainer(model, config.train, torch.device("cpu"), precision="fp32")
     return trainer.state_dict()
 
 

@@ -52,7 +52,7 @@ def batch(b: int = 64, s: int = 50, t: int = 9, seed: int = 3) -> tuple[torch.Te
 
 def trainer(model: nn.Module, **train: float) -> Trainer:
     cfg = TrainConfig(lr=1e-2, warmup=0, precision="fp32", max_steps=10, **train)
-    return Trainer(model, cfg, torch.device("cpu"))
+    return Trainer(model, cfg, torch.device("cpu"), precision="fp32")
 
 
 # --------------------------------------------------------------------------- source word dropout

@@ -20,6 +20,7 @@ from learning import TEST_SEED, assert_learned
 from toy_runs import Steps
 
 from nmt.config import Config, load_config
+from nmt.hw.device import training_precision
 from nmt.run import weights as ckpt
 from nmt.run.log import read_curves
 from nmt.train import loop, stopping
@@ -305,7 +306,9 @@ def test_overfits_32_validation_pairs(tmp_path, any_mirror):
     src_tok, tgt_tok = load_tokenizers(run, saved)
     model = build_model(saved, src_tok.vocab_size, tgt_tok.vocab_size)
     model.load_state_dict(tensors)
-    validator = Validator(saved, run, ParallelSplit.open(run, "valid", saved), torch.device("cpu"), tgt_tok)
+    valid = ParallelSplit.open(run, "valid", saved)
+    cpu = torch.device("cpu")
+    validator = Validator(saved, run, valid, cpu, tgt_tok, precision=training_precision(cpu, saved.train.precision))
     hyps = validator.translate(model)
     exact = sum(h == r for h, r in zip(hyps, validator.refs, strict=True))
     assert_learned("overfit-32/exact_of_32", exact, 27.5)

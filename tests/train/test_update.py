@@ -76,7 +76,7 @@ def reads(monkeypatch) -> list[str]:
 
 def test_updates_read_nothing_back_until_sync(reads):
     torch.manual_seed(0)
-    trainer = Trainer(PackedToy(), constant_lr(max_nonfinite=100), torch.device("cpu"))
+    trainer = Trainer(PackedToy(), constant_lr(max_nonfinite=100), torch.device("cpu"), precision="fp32")
     for seed in range(5):
         trainer.update(batches(seed))
     assert reads == []  # loss, NLL, tokens, grad norm and the skip decision all stayed on the device
@@ -91,7 +91,7 @@ def test_updates_read_nothing_back_until_sync(reads):
 
 def test_sync_hands_out_every_update_read_back_since_the_last_sync(reads):
     """Those a checkpoint read back included; results are plain numbers, read once."""
-    trainer = Trainer(PackedToy(), constant_lr(max_nonfinite=100), torch.device("cpu"))
+    trainer = Trainer(PackedToy(), constant_lr(max_nonfinite=100), torch.device("cpu"), precision="fp32")
     trainer.update(batches(1))
     trainer.state_dict()  # reads the first back
     trainer.update(batches(2))
@@ -106,8 +106,8 @@ def test_a_nonfinite_update_is_skipped_on_the_device_and_taken_back_at_flush():
     torch.manual_seed(0)
     a, b = PackedToy(), PackedToy()
     b.load_state_dict(a.state_dict())
-    ta = Trainer(a, constant_lr(), torch.device("cpu"))
-    tb = Trainer(b, constant_lr(), torch.device("cpu"))
+    ta = Trainer(a, constant_lr(), torch.device("cpu"), precision="fp32")
+    tb = Trainer(b, constant_lr(), torch.device("cpu"), precision="fp32")
     ta.update(batches(1))
     a.poison = True
     ta.update(batches(2))
@@ -131,8 +131,10 @@ def test_the_batch_packing_gives_the_same_update_as_the_pad_mask():
     torch.manual_seed(0)
     a, b = PackedToy(), PackedToy()
     b.load_state_dict(a.state_dict())
-    ra = one_update(Trainer(a, constant_lr(), torch.device("cpu")), batches(4))
-    rb = one_update(Trainer(b, constant_lr(), torch.device("cpu")), [tuple(x) for x in batches(4)])  # no packing
+    ra = one_update(Trainer(a, constant_lr(), torch.device("cpu"), precision="fp32"), batches(4))
+    rb = one_update(
+        Trainer(b, constant_lr(), torch.device("cpu"), precision="fp32"), [tuple(x) for x in batches(4)]
+    )  # no packing
     assert (ra.loss, ra.nll, ra.tokens, ra.grad_norm) == (rb.loss, rb.nll, rb.tokens, rb.grad_norm)
     assert all(torch.equal(pa, pb) for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
 
@@ -147,7 +149,7 @@ def test_host_counts_of_a_batch_match_its_tensors():
 
 
 def test_a_checkpoint_settles_first():
-    trainer = Trainer(PackedToy(), constant_lr(max_nonfinite=100), torch.device("cpu"))
+    trainer = Trainer(PackedToy(), constant_lr(max_nonfinite=100), torch.device("cpu"), precision="fp32")
     trainer.update(batches(6))
     state = trainer.state_dict()
     assert state["train"]["step"] == 1 and state["train"]["tokens"] == trainer.sync()[0].tokens
@@ -178,7 +180,7 @@ def toy_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def test_nonfinite_loss_is_skipped_counted_and_aborts():
     cfg = load_config(TINY, ["train.max_nonfinite=3"]).train
     model = Toy()
-    trainer = Trainer(model, cfg, torch.device("cpu"))
+    trainer = Trainer(model, cfg, torch.device("cpu"), precision="fp32")
     assert not one_update(trainer, [toy_batch()]).skipped
     assert trainer.state.step == 1
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -207,9 +209,10 @@ def test_accumulation_equals_one_big_batch():
     b.load_state_dict(a.state_dict())
     src, tgt_in, tgt_out = toy_batch()
     ra = one_update(
-        Trainer(a, cfg, torch.device("cpu")), [(src[:1], tgt_in[:1], tgt_out[:1]), (src[1:], tgt_in[1:], tgt_out[1:])]
+        Trainer(a, cfg, torch.device("cpu"), precision="fp32"),
+        [(src[:1], tgt_in[:1], tgt_out[:1]), (src[1:], tgt_in[1:], tgt_out[1:])],
     )
-    rb = one_update(Trainer(b, cfg, torch.device("cpu")), [(src, tgt_in, tgt_out)])
+    rb = one_update(Trainer(b, cfg, torch.device("cpu"), precision="fp32"), [(src, tgt_in, tgt_out)])
     assert ra.tokens == rb.tokens == 5
     assert ra.loss == pytest.approx(rb.loss, rel=1e-6)
     for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
@@ -218,7 +221,7 @@ def test_accumulation_equals_one_big_batch():
 
 def test_clipping_bounds_the_update():
     cfg = load_config(TINY, ["train.clip_norm=0.001", "train.lr=1.0", "train.warmup=1"]).train
-    trainer = Trainer(Toy(), cfg, torch.device("cpu"))
+    trainer = Trainer(Toy(), cfg, torch.device("cpu"), precision="fp32")
     r = one_update(trainer, [toy_batch()])
     assert r.grad_norm > 0.001  # the reported norm is the one before clipping
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1.0)

@@ -33,7 +33,7 @@ def setup(tmp_path):
     pairs = [(rng.integers(4, VOCAB, a).tolist(), rng.integers(4, VOCAB, b).tolist()) for a, b in lengths]
     torch.manual_seed(0)
     model = build_model(config, VOCAB, VOCAB).eval()
-    return config, Pairs(pairs), model, Validator(config, tmp_path, Pairs(pairs), torch.device("cpu"))
+    return config, Pairs(pairs), model, Validator(config, tmp_path, Pairs(pairs), torch.device("cpu"), precision="fp32")
 
 
 def reference_loss(model, pairs, eps: float) -> tuple[float, float]:

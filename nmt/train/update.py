@@ -63,7 +63,7 @@ LogitsTarget = tuple[torch.Tensor, torch.Tensor]  # (B,T,V), (B,T) or packed (N,
 class TrainState:
     """Counters that a checkpoint restores (all plain ints/floats)."""
 
-    step: int = 0  # optimizer updates done (an issued one counts until `Trainer.flush` finds it skipped)
+    step: int = 0  # optimizer updates done (an issued one counts until `Trainer._read_back` finds it skipped)
     epoch: int = 0  # current epoch (0-based)
     batch_in_epoch: int = 0  # global micro-batches (all ranks) consumed in `epoch`: the same on every rank
     best_bleu: float = -1.0
@@ -87,7 +87,7 @@ class TrainState:
 
 @dataclass(frozen=True)
 class StepResult:
-    """One optimizer update, settled: plain numbers, read back from the device at `Trainer.sync`."""
+    """One optimizer update, settled: plain numbers, read back from the device at `Trainer._read_back`."""
 
     step: int  # 1-based number of the update (or the number it would have had, if skipped)
     lr: float

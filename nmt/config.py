@@ -179,7 +179,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
     # regularisers for small data (0 = off each; nmt/train/regularisers.py, nmt/train/ema.py,
-    # nmt/data/subword_sampling.py), on training batches only, never validation or decoding.
+    # nmt/batches/subword_sampling.py), on training batches only, never validation or decoding.
     src_word_dropout: float = 0.0  # probability that a source piece is replaced by <unk>
     rdrop_alpha: float = 0.0  # R-Drop: weight of the symmetric KL between two dropout passes (2 forwards)
     # exponential moving average of the weights, updated after every update; when on, validation,
@@ -188,7 +188,7 @@ class TrainConfig:
     # SentencePiece subword sampling of the training pairs (unigram vocab): re-encode each pair
     # with sampling, this alpha (smaller = more varied segmentations, e.g. 0.1-0.5)
     subword_alpha: float = 0.0
-    # concatenation augmentation (nmt/data/concat.py): this fraction of extra training pairs, each two
+    # concatenation augmentation (nmt/batches/concat.py): this fraction of extra training pairs, each two
     # random pairs of the corpus joined (source after source, target after target), drawn once per run
     concat_pairs: float = 0.0
     clip_norm: float = 1.0  # 0 disables clipping

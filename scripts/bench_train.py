@@ -77,7 +77,7 @@ def prepare_data(args: argparse.Namespace) -> None:
 
 def run_one(args: argparse.Namespace, variant: str) -> dict:
     """Train one variant in this process; return its measurements."""
-    from nmt.data.batching import TokenBatchSampler, load_batch
+    from nmt.batches.batching import TokenBatchSampler, load_batch
     from nmt.data.encoded import ParallelSplit
     from nmt.data.tokenizer import load_tokenizers
     from nmt.model.transformer import build_model

@@ -76,7 +76,7 @@ FLOORS: list[set[str]] = [
     {"hw"},
     {"model"},
     {"run"},
-    {"data"},
+    {"data", "batches"},
     {"export"},
     {"decode"},
     {"train", "serve"},
@@ -119,12 +119,12 @@ def misplaced_arrows(edges: dict[str, set[str]], floors: list[set[str]]) -> list
 
 
 def test_the_floor_checker_finds_two_way_and_upward_arrows():
-    floors = [{"nmt", "config"}, {"model"}, {"data"}, {"train", "serve"}]
-    assert misplaced_arrows({"nmt.data.batching": {"nmt.model.masks", "nmt.config"}}, floors) == []
-    two_way = {"nmt.data.batching": {"nmt.model.masks"}, "nmt.model.transformer": {"nmt.data.batching"}}
+    floors = [{"nmt", "config"}, {"model"}, {"batches"}, {"train", "serve"}]
+    assert misplaced_arrows({"nmt.batches.batching": {"nmt.model.masks", "nmt.config"}}, floors) == []
+    two_way = {"nmt.batches.batching": {"nmt.model.masks"}, "nmt.model.transformer": {"nmt.batches.batching"}}
     assert misplaced_arrows(two_way, floors) == [
-        "data <-> model: two rooms import each other",
-        "model -> data: an arrow up the floors (model on floor 1, data on 2)",
+        "batches <-> model: two rooms import each other",
+        "model -> batches: an arrow up the floors (model on floor 1, batches on 2)",
     ]
     assert misplaced_arrows({"nmt.config": {"nmt.model.masks"}}, floors) == [
         "config -> model: an arrow up the floors (config on floor 0, model on 1)"
@@ -184,7 +184,7 @@ def test_every_subpackage_is_a_room_on_a_floor():
     """A subpackage per part of the pipeline, the machine and the run directory below them, and
     the command line that drives them; each on one floor."""
     packages = {p.parent.name for p in NMT.glob("*/__init__.py")}
-    assert packages == {"hw", "run", "data", "model", "export", "train", "decode", "serve", "cli"}
+    assert packages == {"hw", "run", "data", "batches", "model", "export", "train", "decode", "serve", "cli"}
     assert packages <= set().union(*FLOORS)
 
 

@@ -7,7 +7,7 @@
 
 Pair i of a split goes to shard ``splitmix64(seed, i) % S`` (S = ceil(pairs / shard_pairs); valid and
 test are one shard, in corpus order), so every shard mixes the corpus's sources, and a shard is a
-window the training sampler batches in alone (`nmt.data.batching.WindowSampler`).
+window the training sampler batches in alone (`nmt.batches.batching.WindowSampler`).
 
 `encode_split` streams both text files through SentencePiece in chunks of pairs (in worker
 processes, one SentencePiece thread each; a worker also prepares its pairs: normalisation and
@@ -401,7 +401,7 @@ class ParallelSplit:
     """An encoded parallel split, opened without reading it: shard metadata in memory, a shard's
     lengths read when asked for, a pair's tokens read from the files when asked for.
 
-    The windows of `nmt.data.batching.WindowSampler` are the shards (`window_bounds`,
+    The windows of `nmt.batches.batching.WindowSampler` are the shards (`window_bounds`,
     `window_lengths`). `src_lengths` / `tgt_lengths` (read once, kept) and `src_ids` / `tgt_ids`
     are the whole split's: for splits held whole (validation) and checks, not for a training corpus.
     """

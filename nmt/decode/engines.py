@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from nmt.batches.batching import pad_sources
 from nmt.config import DecodeConfig
 from nmt.contracts import Found, OnDone
-from nmt.data.batching import pad_sources
 from nmt.decode.options import BATCH_ROWS, Sampling
 from nmt.decode.precision import decoding_model, model_shape, resolve_inference_precision
 from nmt.decode.search import Hypothesis, beam_search, greedy_search

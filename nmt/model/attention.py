@@ -231,7 +231,7 @@ def flash_attention(
     queries whose keys are all padding. Causal means query i sees keys j <= i (needs T == S).
 
     q_packing / k_packing: where the real queries / keys are, computed on the host by the batch
-    builder (`nmt.data.batching.collate`) and on q's device; with them no host sync happens here.
+    builder (`nmt.batches.batching.collate`) and on q's device; with them no host sync happens here.
     A side without one is unpadded from its mask (`_unpad_index`: `nonzero` and a max read back).
     Causal self-attention uses the query packing for the keys unless `k_packing` is given."""
     B, T, H, dk = q.shape

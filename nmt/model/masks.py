@@ -7,7 +7,7 @@ Two conventions, never mixed:
 
 `Packing` describes the same right padding the way the packed (varlen) flash attention needs it:
 where the real tokens are, int32 cu_seqlens and the longest length. The batch builder
-(`nmt.data.batching.collate`) computes it on the host from the lengths it already knows, so that
+(`nmt.batches.batching.collate`) computes it on the host from the lengths it already knows, so that
 no attention call has to read them back from the device.
 
 `length_groups` splits the rows of a padded batch into groups of similar length, for the work

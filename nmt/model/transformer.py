@@ -277,7 +277,7 @@ class Transformer(nn.Module):
         """src (B, S), tgt_in (B, T) → logits (B, T, V); masks come from PAD_ID. With `keep` (B, T)
         bool (the trainer passes ``tgt_out != PAD_ID``): packed logits (N, V) at those positions.
         `packing`: (source, target) `Packing`s of this padding, computed on the host by the batch
-        builder and moved to the model's device (`nmt.data.batching.Batch.packing`): the flash
+        builder and moved to the model's device (`nmt.batches.batching.Batch.packing`): the flash
         backend then never waits for the device. Other backends ignore it; the outputs are the same."""
         src_packing, tgt_packing = packing if packing is not None else (None, None)
         return self.decode(tgt_in, self.encode(src, src_packing), keep, tgt_packing)

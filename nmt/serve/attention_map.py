@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt import BOS_ID, PAD_ID
-from nmt.data.batching import pad_sources
+from nmt.batches.batching import pad_sources
 from nmt.data.passthrough import CLOSE, OPEN, Masked
 from nmt.errors import NmtError
 

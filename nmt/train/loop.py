@@ -44,10 +44,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from nmt.batches.batching import Batch, Prefetcher, WindowSampler, collate, load_batch
+from nmt.batches.concat import ConcatenatedPairs
+from nmt.batches.subword_sampling import SubwordSampler
 from nmt.config import Config
-from nmt.data.batching import Batch, Prefetcher, WindowSampler, collate, load_batch
-from nmt.data.concat import ConcatenatedPairs
-from nmt.data.subword_sampling import SubwordSampler
 from nmt.data.vocab import check_vocab_copied
 from nmt.hw.device import describe, resolve_device, set_threads, training_precision
 from nmt.model.flops import train_flops, training_peak_flops
@@ -101,7 +101,7 @@ def fit(
 class _Stream:
     """This rank's micro-batches in order, across epochs, from the data position in TrainState:
     (epoch, batch_in_epoch = g, the epoch's global batch index, the same on every rank;
-    `nmt.data.batching.WindowSampler.take`)."""
+    `nmt.batches.batching.WindowSampler.take`)."""
 
     def __init__(self, sampler: WindowSampler) -> None:
         self.sampler = sampler

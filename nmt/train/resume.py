@@ -52,7 +52,7 @@ def reshard(state: TrainState, saved_world_size: int, world_size: int) -> str | 
     """A different rank count shares the rest of the epoch out anew; the data position is kept.
 
     The position (epoch, batch_in_epoch = g, the epoch's global batch index) means the same at any
-    rank count (`nmt.data.batching.WindowSampler.take`): the resumed ranks take batches g, g + 1, ...
+    rank count (`nmt.batches.batching.WindowSampler.take`): the resumed ranks take batches g, g + 1, ...
     between them, exactly those the saved ranks had not. Returns the train.log note, or None when
     the rank count is unchanged."""
     if saved_world_size == world_size:

@@ -2,7 +2,7 @@
 
 `Trainer` works with any ``nn.Module`` whose ``forward(src, tgt_in)`` returns logits
 (B, T, V), wrapped in DDP or torch.compile or not; a model that `PacksLogits` is asked for logits at the
-non-pad target positions only, packed (N, V). A `nmt.data.batching.Batch` brings the host-computed
+non-pad target positions only, packed (N, V). A `nmt.batches.batching.Batch` brings the host-computed
 packing of its source and target; it goes to the device with the ids and on to a model whose
 ``forward`` takes ``packing=`` (the Transformer: its flash backend then never waits for the device),
 and its target index picks the packed targets.
@@ -42,9 +42,9 @@ import torch
 from torch import nn
 
 from nmt import PAD_ID
+from nmt.batches.batching import Batch
 from nmt.config import TrainConfig
 from nmt.contracts import PacksLogits
-from nmt.data.batching import Batch
 from nmt.errors import NmtError
 from nmt.hw.device import autocast, grad_scaler
 from nmt.model.masks import Packing

@@ -30,9 +30,9 @@ import torch
 from torch import nn
 
 from nmt import PAD_ID
+from nmt.batches.batching import TokenBatchSampler, load_batch, pad_sources
 from nmt.config import Config
 from nmt.contracts import PacksLogits
-from nmt.data.batching import TokenBatchSampler, load_batch, pad_sources
 from nmt.data.passthrough import Masked, mask_pair, masker, restore
 from nmt.hw.device import autocast
 from nmt.model.wrappers import unwrap

@@ -44,7 +44,7 @@ VARIANTS = [{}, {"norm": "post"}, {"positions": "learned"}, {"activation": "gelu
 def test_converted_log_probs_equal_the_model(trained_run, tmp_path, variant):
     """Teacher-forced log-probabilities of CTranslate2's `score_batch` equal nmt's (random weights,
     perturbed so that biases and norms are not trivial), for each architecture option."""
-    from nmt.data.batching import pad_sources
+    from nmt.batches.batching import pad_sources
     from nmt.model.transformer import build_model
 
     config = load_config(trained_run / "config.yaml")

@@ -98,7 +98,7 @@ def test_logits_equal_the_model(trained_run, exported, native):
     """Teacher-forced logits of the export equal nmt's on validation pairs (over the target vocabulary)."""
     from transformers import AutoModelForSeq2SeqLM
 
-    from nmt.data.batching import pad_sources
+    from nmt.batches.batching import pad_sources
 
     model = AutoModelForSeq2SeqLM.from_pretrained(exported).eval()
     V = native.tgt_tok.vocab_size
@@ -232,7 +232,7 @@ def test_other_architectures_give_nmt_logits(trained_run, tmp_path, variant):
     option: the export's teacher-forced logits equal nmt's, and greedy output agrees."""
     from transformers import AutoModelForSeq2SeqLM
 
-    from nmt.data.batching import pad_sources
+    from nmt.batches.batching import pad_sources
     from nmt.model.transformer import build_model
 
     config = load_config(trained_run / "config.yaml")

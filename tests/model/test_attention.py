@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from nmt import PAD_ID
+from nmt.batches.batching import collate
 from nmt.config import ModelConfig, TrainConfig
-from nmt.data.batching import collate
 from nmt.errors import ConfigError
 from nmt.model import attention
 from nmt.model.attention import MultiHeadAttention, dense_mask, flash_attention, math_attention, resolve_backend

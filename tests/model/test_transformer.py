@@ -269,7 +269,7 @@ def test_flash_config_loads_and_builds_without_cuda_and_fails_only_when_run(monk
 
 def test_a_run_trained_with_flash_loads_decodes_and_averages_on_cpu(tmp_path, monkeypatch, tiny_config):
     """Train on a GPU (a checkpoint whose stored config says flash), decode and average on a CPU."""
-    from nmt.data.batching import pad_sources
+    from nmt.batches.batching import pad_sources
     from nmt.decode.engines import NativeEngine
     from nmt.run import weights as ckpt
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from nmt.data.batching import Prefetcher, TokenBatchSampler
+from nmt.batches.batching import Prefetcher, TokenBatchSampler
 from nmt.train import loop
 from nmt.train.update import TrainState
 

@@ -20,7 +20,7 @@ def test_same_rank_count_changes_nothing():
 
 def test_a_new_rank_count_mid_epoch_keeps_the_data_position():
     """The position is the epoch's global batch index: it means the same on any number of ranks
-    (tests/data/test_batching.py checks the batches; tests/train/test_distributed.py a resumed run)."""
+    (tests/batches/test_batching.py checks the batches; tests/train/test_distributed.py a resumed run)."""
     state = TrainState(step=40, epoch=2, batch_in_epoch=14, tokens=1234, best_bleu=12.5)
     before = dataclasses.replace(state)
     note = reshard(state, 2, 1)

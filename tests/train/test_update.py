@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
+from nmt.batches.batching import Batch, collate
 from nmt.config import TrainConfig, load_config
-from nmt.data.batching import Batch, collate
 from nmt.errors import NmtError
 from nmt.train.update import StepResult, Trainer, host_counts
 

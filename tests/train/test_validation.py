@@ -10,8 +10,8 @@ import torch
 from synthetic import ListDataset
 
 from nmt import PAD_ID
+from nmt.batches.batching import collate
 from nmt.config import load_config
-from nmt.data.batching import collate
 from nmt.model.transformer import build_model
 from nmt.train.objective import label_smoothed_nll
 from nmt.train.validation import Validator

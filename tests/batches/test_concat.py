@@ -1,4 +1,4 @@
-"""Concatenation augmentation (`train.concat_pairs`, `nmt.data.concat`): each window keeps its
+"""Concatenation augmentation (`train.concat_pairs`, `nmt.batches.concat`): each window keeps its
 pairs where they were and gains joined pairs of two of its own, whose lengths the sampler sees
 and whose partners depend on (seed, window) only."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from nmt.data.batching import WindowSampler
-from nmt.data.concat import ConcatenatedPairs
+from nmt.batches.batching import WindowSampler
+from nmt.batches.concat import ConcatenatedPairs
 from nmt.errors import NmtError
 from nmt.train import loop
 from nmt.train.update import TrainState

@@ -1,4 +1,4 @@
-"""Subword sampling of the training pairs (`train.subword_alpha`, `nmt.data.subword_sampling`):
+"""Subword sampling of the training pairs (`train.subword_alpha`, `nmt.batches.subword_sampling`):
 the text stays, the pieces change, the same for the same (seed, epoch, pair) on any thread and
 after a resume, and pairs that cannot be resampled safely are kept."""
 
@@ -13,8 +13,8 @@ import torch
 from synthetic import pairs as synthetic_pairs
 
 from nmt import UNK_ID
-from nmt.data.batching import TokenBatchSampler
-from nmt.data.subword_sampling import SubwordSampler
+from nmt.batches.batching import TokenBatchSampler
+from nmt.batches.subword_sampling import SubwordSampler
 from nmt.train import loop
 from nmt.train.update import TrainState
 

@@ -6,7 +6,7 @@ import torch
 from synthetic import ListDataset
 
 from nmt import BOS_ID, EOS_ID, PAD_ID
-from nmt.data.batching import (
+from nmt.batches.batching import (
     Batch,
     InMemory,
     TokenBatchSampler,

@@ -7,7 +7,7 @@ length ratio falls as the reference grows (docs/BENCHMARKS.md). Training on pair
 a time shows the model longer inputs and sentence boundaries inside a line, for no extra data.
 
 `ConcatenatedPairs` wraps the training split: window k (a shard of the encoded split, see
-`nmt.data.batching.LengthWindows`) keeps its n pairs at their indices and is followed by
+`nmt.batches.batching.LengthWindows`) keeps its n pairs at their indices and is followed by
 floor(n * fraction) joined pairs, each the source pieces of two distinct pairs of the same window
 one after the other and their target pieces likewise (a SentencePiece line starts with the
 word-start mark, so the two decode with a space between). The partners are drawn once from

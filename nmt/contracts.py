@@ -73,7 +73,7 @@ class Engine(Protocol):
         sampling: Any = None,
     ) -> Found:
         """`seqs`: source piece ids without EOS; per sequence up to `nbest` hypotheses, best first
-        (score NaN for greedy and for sampling, `nmt.decode.sampling.Sampling`, which replaces
+        (score NaN for greedy and for sampling, `nmt.decode.options.Sampling`, which replaces
         the search)."""
         ...
 

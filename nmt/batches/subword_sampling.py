@@ -14,10 +14,10 @@ under a lock, so a pair's segmentation depends only on those: the same in the pr
 thread and on the loop's own, and in a resumed run.
 
 Kept as stored: a pair holding an ``<unk>`` piece (its text would not encode back to it) and a
-pair whose resampled side grows past ``train.max_len`` pieces (the sampler batched it by its
+pair whose resampled side grows past ``train.max_len`` pieces (the batch sampler batched it by its
 stored lengths). A sampled segmentation is usually longer and its length varies from pair to
 pair, so with sampling on a batch holds more than ``train.max_tokens`` and more padding: the
-sampler grouped its pairs by their stored lengths.
+batch sampler grouped its pairs by their stored lengths.
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ def pair_seed(seed: int, epoch: int, index: int) -> int:
     return (seed * 0x9E3779B1 + (epoch + 1) * 0x85EBCA77 + index * 0xC2B2AE3D) % 2**32
 
 
-class SubwordSampler:
-    """Resamples the segmentation of training pairs (see the module docstring)."""
+class Resegmenter:
+    """Gives training pairs a segmentation drawn by subword sampling (see the module docstring);
+    it draws pieces, not pairs or batches (those are `nmt.batches.batching.WindowSampler`'s)."""
 
     def __init__(self, src_model: Path, tgt_model: Path, alpha: float, seed: int, max_len: int) -> None:
         for path in (src_model, tgt_model):
@@ -51,7 +52,7 @@ class SubwordSampler:
         self.sides = [spm.SentencePieceProcessor(model_file=str(p)) for p in (src_model, tgt_model)]
         self.alpha, self.seed, self.max_len = alpha, seed, max_len
 
-    def resample(self, indices: Sequence[int], pairs: Sequence[Pair], epoch: int) -> list[Pair]:
+    def resegment(self, indices: Sequence[int], pairs: Sequence[Pair], epoch: int) -> list[Pair]:
         """`pairs` (the pairs of training indices `indices`, stored pieces) with sampled pieces."""
         return [self._pair(int(i), p, epoch) for i, p in zip(indices, pairs, strict=True)]
 

@@ -135,7 +135,7 @@ def inference_options(
 
 
 def sampling_options(topk: int | None, topp: float | None, temperature: float | None, seed: int) -> Any:
-    """A `nmt.decode.sampling.Sampling` when any sampling option is given, else None (beam search)."""
+    """A `nmt.decode.options.Sampling` when any sampling option is given, else None (beam search)."""
     if topk is None and topp is None and temperature is None:
         return None
     from nmt.decode.options import Sampling

@@ -12,7 +12,7 @@ Rules, in order (the first that applies names the drop):
 `markup`, `identical` and `script` are the noise filters of `data.filters` (or the corpus's own
 `data.corpora[i].filters`), off by default (`nmt.data.noise`). Duplicates (and near-duplicates,
 `filters.near_dup`) and the `max_train_pairs` sample are decided afterwards over all units
-(`nmt.data.dedup`, `nmt.data.sample`), from the pair hashes written here.
+(`nmt.data.dedup`, `nmt.data.subset`), from the pair hashes written here.
 
 Length ratio: a Chinese side counts its non-space characters, any other side its characters
 divided by `LATIN_CHARS_PER_HANZI` (= 3, the median en/zh character ratio of Tatoeba and WMT

@@ -11,7 +11,7 @@ Train is the train split of `data.corpus`, or the corpora of `data.corpora`, eac
 cleaned on `data.workers` processes (`nmt.data.clean`: normalised with
 `normalize_source`/`normalize_target` and filtered, unit by unit), then duplicates are dropped,
 first occurrence kept, across corpora (`nmt.data.dedup`), then `data.max_train_pairs` keeps
-exactly that many, seeded (`nmt.data.sample`); the units are concatenated in order, so the
+exactly that many, seeded (`nmt.data.subset`); the units are concatenated in order, so the
 output is the same for any number of workers. A hub split is downloaded once into the hub cache
 and read from its Parquet row groups (`nmt.data.hub_cache`). Valid and test come from
 `data.corpus`, or from the files `data.valid` / `data.test` name. The work folder
@@ -50,7 +50,7 @@ from nmt.data.dedup import first_occurrences
 from nmt.data.normalize import normalize_source, normalize_target, strip_text
 from nmt.data.readers import Source, cached_hub, check_aligned, count_lines, find_sources, path_source, read_split
 from nmt.data.recipes import SPLITS, BadLines, Recipe, get_recipe
-from nmt.data.sample import keep_sample
+from nmt.data.subset import keep_subset
 from nmt.data.synthetic_filter import cap_synthetic, filter_synthetic
 from nmt.errors import NmtError, warn
 from nmt.files import atomic_path
@@ -126,7 +126,7 @@ def _write_train(corpora: list[TrainCorpus], data: DataConfig, tmp: dict[str, Pa
     cleaned, found = clean_corpora(corpora, data, held, folders, work.digest)
     unique = found.masks
     flat, sizes = [m for ms in unique for m in ms], [len(ms) for ms in unique]
-    chosen = flat if data.max_train_pairs is None else keep_sample(flat, data.max_train_pairs, data.seed)[0]
+    chosen = flat if data.max_train_pairs is None else keep_subset(flat, data.max_train_pairs, data.seed)[0]
     masks = per_corpus(chosen, sizes)
     real = data.backtranslation.real_upsample if data.backtranslation else 1  # a real:synthetic ratio
     stats = []

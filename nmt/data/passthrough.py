@@ -254,9 +254,9 @@ class PairPrep:
     `raw` (valid/test keep their raw references in corpus/; train is normalised already), then
     masked when pass-through is on, except, in train, the pairs `left_unmasked` picks
     (`data.passthrough_unmasked`): those teach the model to copy spans from raw text. Picklable,
-    so that the encoding workers and the vocabulary's
-    sampler run it where the pairs are (nothing is written to disk); the detector is compiled
-    once per process, on first use."""
+    so that the encoding workers and the vocabulary's sample draw (`nmt.data.vocab_sample`) run it
+    where the pairs are (nothing is written to disk); the detector is compiled once per process, on
+    first use."""
 
     def __init__(self, data: DataConfig, raw: bool) -> None:
         self.data, self.raw = data, raw

@@ -14,7 +14,7 @@ A weak reverse model fails in recognisable ways, which real pairs rarely show:
   tokens (a loop of several pieces).
 
 The cap (`ratio`): at most `ratio` × the real lines written (real_upsample copies count)
-synthetic pairs are kept, drawn uniformly with the data seed (`nmt.data.sample.keep_sample`).
+synthetic pairs are kept, drawn uniformly with the data seed (`nmt.data.subset.keep_subset`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 
 from nmt.config import DataConfig
 from nmt.data.clean import Cleaned, length_ratio, unit_path
-from nmt.data.sample import keep_sample
+from nmt.data.subset import keep_subset
 
 SYNTHETIC_RULES = ("bt_ratio", "char_run", "token_share")
 SHARE_MIN_TOKENS = 8  # shorter sides are not judged by token share (two of five is ordinary)
@@ -97,4 +97,4 @@ def cap_synthetic(masks: list[np.ndarray], real_lines: int, data: DataConfig) ->
     ratio = data.backtranslation.ratio
     if ratio is None:
         return masks, 0
-    return keep_sample(masks, math.floor(ratio * real_lines), data.seed)
+    return keep_subset(masks, math.floor(ratio * real_lines), data.seed)

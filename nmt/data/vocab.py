@@ -55,7 +55,7 @@ from nmt.data.passthrough import PLACEHOLDERS, pair_prep
 from nmt.data.readers import count_lines
 from nmt.data.recipes import SPLITS
 from nmt.data.tokenizer import Tokenizer
-from nmt.data.vocab_sample import draw_sample
+from nmt.data.vocab_sample import draw_vocab_sample
 from nmt.errors import NmtError, warn
 from nmt.files import atomic_path
 from nmt.run.dirs import checkpoint_run
@@ -267,7 +267,7 @@ def train_models(config: Config, run_dir: Path, langs: tuple[str, str]) -> dict:
     prepare = pair_prep(config.data, "train")
     firsts = (_real_lines(run_dir, config, sources[0]), None)  # the source side: real text only
     (stats,) = _in_processes(
-        draw_sample,
+        draw_vocab_sample,
         [(sources, samples, v.sample_chars, v.max_sentences, config.data.seed, prepare, firsts)],
         1,
         folder,

@@ -120,7 +120,7 @@ def _decode(line: bytes, path: Path, number: int) -> str:
         raise NmtError(f"{path}:{number}: not UTF-8 ({e.reason} at byte {e.start}); rebuild the corpus") from None
 
 
-def draw_sample(
+def draw_vocab_sample(
     texts: tuple[Path, Path],
     outputs: tuple[Path, Path],
     budget: int,

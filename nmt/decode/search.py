@@ -50,7 +50,7 @@ from torch import Tensor
 from nmt import BOS_ID, EOS_ID, PAD_ID
 from nmt.contracts import DecodingModel, DecodingState
 from nmt.decode.options import Sampling
-from nmt.decode.sampling import sample_tokens, sentence_keys
+from nmt.decode.token_sampling import sample_tokens, sentence_keys
 
 NEG_INF = float("-inf")
 _NEVER = torch.tensor([PAD_ID, BOS_ID])  # ids that are never generated
@@ -147,7 +147,7 @@ def greedy_search(
     no_repeat_ngram: int = 0,
 ) -> list[list[int]]:
     """Most probable next token at every step, for a batch `src` (B, S). Returns B token lists.
-    With `sampling`, each next token is drawn instead (`nmt.decode.sampling`; the same lengths).
+    With `sampling`, each next token is drawn instead (`nmt.decode.token_sampling`; the same lengths).
     `no_repeat_ngram` n > 0: a token that would repeat an n-gram of the row's output is never
     chosen (nor drawn), as in beam search; 0 = off."""
     B = src.size(0)

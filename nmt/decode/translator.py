@@ -94,7 +94,7 @@ class Translator:
         self._stats_lock = threading.Lock()
         self.masker = masker(config.data, src_tok, tgt_tok)  # pass-through spans (nmt/data/passthrough.py)
         self.masks: list[Masked | None] = []  # per line of the last `encode_sources` call
-        self.sampling: Sampling | None = None  # set: every line is sampled (`nmt.decode.sampling`), beam unused
+        self.sampling: Sampling | None = None  # set: every line is sampled (`nmt.decode.token_sampling`), beam unused
 
     @classmethod
     def from_run(

@@ -46,7 +46,7 @@ from torch import nn
 
 from nmt.batches.batching import Batch, Prefetcher, WindowSampler, collate, load_batch
 from nmt.batches.concat import ConcatenatedPairs
-from nmt.batches.subword_sampling import SubwordSampler
+from nmt.batches.subword_sampling import Resegmenter
 from nmt.config import Config
 from nmt.data.vocab import check_vocab_copied
 from nmt.hw.device import describe, resolve_device, set_threads, training_precision
@@ -159,7 +159,7 @@ def _loader(data: TrainData) -> Callable[[np.ndarray, int], Batch]:
     dataset, subwords = data.dataset, data.subwords
     if subwords is None:
         return lambda idx, epoch: load_batch(dataset, idx)
-    return lambda idx, epoch: collate(subwords.resample(idx, [dataset.pair(int(i)) for i in idx], epoch))
+    return lambda idx, epoch: collate(subwords.resegment(idx, [dataset.pair(int(i)) for i in idx], epoch))
 
 
 def _groups(
@@ -182,7 +182,7 @@ class TrainData:
     src_tok: Any
     tgt_tok: Any
     validator: Validator | None
-    subwords: SubwordSampler | None = None  # train.subword_alpha's resampling of the training pairs
+    subwords: Resegmenter | None = None  # train.subword_alpha's resampling of the training pairs
 
     @classmethod
     def open(cls, config: Config, run_dir: Path, device: torch.device, info: DistInfo, precision: str) -> TrainData:
@@ -208,7 +208,7 @@ class TrainData:
         subwords = None
         if t.subword_alpha > 0:
             models = [run.vocab_model(lang) for lang in (config.data.src_lang, config.data.tgt_lang)]
-            subwords = SubwordSampler(*models, alpha=t.subword_alpha, seed=t.seed, max_len=t.max_len)
+            subwords = Resegmenter(*models, alpha=t.subword_alpha, seed=t.seed, max_len=t.max_len)
         return cls(dataset, sampler, src_tok, tgt_tok, validator, subwords)
 
     def vocab_sizes(self, config: Config) -> tuple[int, int]:

@@ -14,7 +14,7 @@ from synthetic import pairs as synthetic_pairs
 
 from nmt import UNK_ID
 from nmt.batches.batching import TokenBatchSampler
-from nmt.batches.subword_sampling import SubwordSampler
+from nmt.batches.subword_sampling import Resegmenter
 from nmt.train import loop
 from nmt.train.update import TrainState
 
@@ -43,14 +43,14 @@ def encoded(models):
     return [(np.array(sps[0].encode(zh)), np.array(sps[1].encode(en))) for zh, en in PAIRS]
 
 
-def sampler(models, alpha: float = 0.1, seed: int = 1, max_len: int = 200) -> SubwordSampler:
-    return SubwordSampler(*models, alpha=alpha, seed=seed, max_len=max_len)
+def resegmenter(models, alpha: float = 0.1, seed: int = 1, max_len: int = 200) -> Resegmenter:
+    return Resegmenter(*models, alpha=alpha, seed=seed, max_len=max_len)
 
 
 def test_resampled_pairs_keep_their_text_and_change_their_pieces(models, encoded):
     sps = [spm.SentencePieceProcessor(model_file=str(m)) for m in models]
     idx = list(range(100))
-    out = sampler(models).resample(idx, encoded[:100], epoch=0)
+    out = resegmenter(models).resegment(idx, encoded[:100], epoch=0)
     for (s, t), (s2, t2) in zip(encoded[:100], out, strict=True):
         assert sps[0].decode(list(map(int, s2))) == sps[0].decode(s.tolist())
         assert sps[1].decode(list(map(int, t2))) == sps[1].decode(t.tolist())
@@ -59,26 +59,26 @@ def test_resampled_pairs_keep_their_text_and_change_their_pieces(models, encoded
         en = zip(encoded[:100], resampled, strict=True)
         return np.mean([list(map(int, a)) != b.tolist() for (_, b), (_, a) in en])
 
-    near_best = sampler(models, alpha=1.0).resample(idx, encoded[:100], epoch=0)
+    near_best = resegmenter(models, alpha=1.0).resegment(idx, encoded[:100], epoch=0)
     assert changed(out) > 0.5 and changed(near_best) < changed(out)  # a larger alpha stays nearer the best
 
 
 def test_the_segmentation_depends_on_seed_epoch_and_pair_only(models, encoded):
     idx, batch = [7, 8, 9, 10], encoded[7:11]
-    a = sampler(models).resample(idx, batch, epoch=3)
-    sampler(models).resample([1, 2], encoded[1:3], epoch=0)  # other draws in between change nothing
-    assert sampler(models).resample(idx, batch, epoch=3) == a
-    assert sampler(models).resample(idx[::-1], batch[::-1], epoch=3) == a[::-1]  # per pair, not per call
-    assert sampler(models).resample(idx, batch, epoch=4) != a
-    assert sampler(models, seed=2).resample(idx, batch, epoch=3) != a
+    a = resegmenter(models).resegment(idx, batch, epoch=3)
+    resegmenter(models).resegment([1, 2], encoded[1:3], epoch=0)  # other draws in between change nothing
+    assert resegmenter(models).resegment(idx, batch, epoch=3) == a
+    assert resegmenter(models).resegment(idx[::-1], batch[::-1], epoch=3) == a[::-1]  # per pair, not per call
+    assert resegmenter(models).resegment(idx, batch, epoch=4) != a
+    assert resegmenter(models, seed=2).resegment(idx, batch, epoch=3) != a
 
 
 def test_pairs_with_unk_or_grown_past_max_len_stay_as_stored(models, encoded):
     s, t = encoded[0]
     with_unk = (s, np.concatenate([t, [UNK_ID]]))
-    assert sampler(models).resample([0], [with_unk], epoch=0)[0] is with_unk
+    assert resegmenter(models).resegment([0], [with_unk], epoch=0)[0] is with_unk
     limit = int(np.median([max(len(a), len(b)) for a, b in encoded[:50]])) + 2
-    out = sampler(models, max_len=limit).resample(range(50), encoded[:50], epoch=0)
+    out = resegmenter(models, max_len=limit).resegment(range(50), encoded[:50], epoch=0)
     kept = [o is e for o, e in zip(out, encoded[:50], strict=True)]
     assert all(k or max(len(a), len(b)) <= limit for k, (a, b) in zip(kept, out, strict=True))
     assert 0 < sum(kept) < 50
@@ -96,7 +96,7 @@ def test_the_feed_resamples_the_same_on_the_prefetch_thread_and_after_a_resume(m
     dataset = SimpleNamespace(pair=lambda i: encoded[i], __len__=None)
     lengths = [np.array([len(p[side]) for p in encoded]) for side in (0, 1)]
     batches = TokenBatchSampler(*lengths, max_tokens=300, max_len=200, seed=3)
-    data = SimpleNamespace(dataset=dataset, sampler=batches, subwords=sampler(models))
+    data = SimpleNamespace(dataset=dataset, sampler=batches, subwords=resegmenter(models))
     plain = SimpleNamespace(dataset=dataset, sampler=batches, subwords=None)
     straight = feed_batches(data, TrainState(), 30)  # crosses an epoch boundary
     assert len(batches) < 30

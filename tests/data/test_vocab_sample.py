@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nmt.data.vocab_sample import BottomK, draw_sample, pair_key
+from nmt.data.vocab_sample import BottomK, draw_vocab_sample, pair_key
 from nmt.errors import NmtError
 
 
@@ -65,7 +65,7 @@ def test_sample_does_not_depend_on_the_order_of_the_pairs(tmp_path):
     for name, pairs in (("a", PAIRS), ("b", shuffled)):
         texts = write_pairs(tmp_path / name, pairs)
         out = (tmp_path / name / "sample.zh", tmp_path / name / "sample.en")
-        stats = draw_sample(texts, out, budget=4000, max_lines=10**6, seed=1)
+        stats = draw_vocab_sample(texts, out, budget=4000, max_lines=10**6, seed=1)
         outs.append([p.read_bytes() for p in out])
     assert outs[0] == outs[1]
     zh, en = (outs[0][i].decode().splitlines() for i in (0, 1))
@@ -82,7 +82,7 @@ def test_another_seed_draws_another_sample(tmp_path):
     samples = []
     for seed in (1, 2):
         out = (tmp_path / f"s{seed}.zh", tmp_path / f"s{seed}.en")
-        draw_sample(texts, out, budget=4000, max_lines=10**6, seed=seed)
+        draw_vocab_sample(texts, out, budget=4000, max_lines=10**6, seed=seed)
         samples.append(set(out[0].read_text(encoding="utf-8").splitlines()))
     assert samples[0] != samples[1] and len(samples[0] & samples[1]) < len(samples[0]) // 2
 
@@ -90,7 +90,7 @@ def test_another_seed_draws_another_sample(tmp_path):
 def test_the_whole_corpus_when_it_is_under_the_budget(tmp_path):
     texts = write_pairs(tmp_path, PAIRS[:50])
     out = (tmp_path / "s.zh", tmp_path / "s.en")
-    stats = draw_sample(texts, out, budget=10**9, max_lines=10**6, seed=1)
+    stats = draw_vocab_sample(texts, out, budget=10**9, max_lines=10**6, seed=1)
     assert sorted(out[1].read_text(encoding="utf-8").splitlines()) == sorted(e for _, e in PAIRS[:50])
     assert stats[1] == {"sentences": 50, "chars": sum(len(e) for _, e in PAIRS[:50]), "of_sentences": 50}
 
@@ -101,14 +101,14 @@ def test_a_side_limited_to_its_first_lines_never_sees_the_rest(tmp_path):
     of those lines alone."""
     texts = write_pairs(tmp_path, PAIRS[:50])
     out = (tmp_path / "s.zh", tmp_path / "s.en")
-    stats = draw_sample(texts, out, budget=10**9, max_lines=10**6, seed=1, firsts=(30, None))
+    stats = draw_vocab_sample(texts, out, budget=10**9, max_lines=10**6, seed=1, firsts=(30, None))
     assert sorted(out[0].read_text(encoding="utf-8").splitlines()) == sorted(z for z, _ in PAIRS[:30])
     assert sorted(out[1].read_text(encoding="utf-8").splitlines()) == sorted(e for _, e in PAIRS[:50])
     assert stats[0]["sentences"] == 30 and stats[0]["of_sentences"] == 50
     small = (tmp_path / "t.zh", tmp_path / "t.en")
-    draw_sample(texts, small, budget=200, max_lines=10**6, seed=1, firsts=(30, None))
+    draw_vocab_sample(texts, small, budget=200, max_lines=10**6, seed=1, firsts=(30, None))
     alone = write_pairs(tmp_path / "alone", PAIRS[:30])
-    draw_sample(alone, (tmp_path / "u.zh", tmp_path / "u.en"), budget=200, max_lines=10**6, seed=1)
+    draw_vocab_sample(alone, (tmp_path / "u.zh", tmp_path / "u.en"), budget=200, max_lines=10**6, seed=1)
     assert small[0].read_bytes() == (tmp_path / "u.zh").read_bytes()
 
 
@@ -118,7 +118,7 @@ def test_unaligned_sides_are_an_error_naming_the_file(tmp_path, longer):
     with open(texts[longer], "a", encoding="utf-8") as f:
         f.write("one more\n")
     with pytest.raises(NmtError, match=r"train\.en: not as many lines as .*train\.zh \(2[01]\)"):
-        draw_sample(texts, (tmp_path / "s.zh", tmp_path / "s.en"), budget=100, max_lines=10, seed=1)
+        draw_vocab_sample(texts, (tmp_path / "s.zh", tmp_path / "s.en"), budget=100, max_lines=10, seed=1)
     assert not (tmp_path / "s.zh").exists()
 
 
@@ -128,4 +128,4 @@ def test_a_line_that_is_not_utf8_is_an_error_naming_file_and_line(tmp_path):
     raw[6] = b"caf\xe9"
     texts[1].write_bytes(b"\n".join(raw))
     with pytest.raises(NmtError, match=r"train\.en:7: not UTF-8"):
-        draw_sample(texts, (tmp_path / "s.zh", tmp_path / "s.en"), budget=10**6, max_lines=100, seed=1)
+        draw_vocab_sample(texts, (tmp_path / "s.zh", tmp_path / "s.en"), budget=10**6, max_lines=100, seed=1)

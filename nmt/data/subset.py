@@ -1,5 +1,6 @@
-"""`data.max_train_pairs`: exactly k of the cleaned pairs, uniformly, in their order, seeded,
-without holding pairs in memory.
+"""A uniform k-subset of the cleaned pairs (`data.max_train_pairs`, and the real:synthetic cap of
+`nmt.data.synthetic_filter`): exactly k of them, in their order, seeded, without holding pairs in
+memory. Not the vocabulary's sample of lines (`nmt.data.vocab_sample`).
 
 How many pairs each unit gives is one multivariate hypergeometric draw over the units' pair
 counts (k balls from urns of those sizes, numpy's `Generator(seed)`); which pairs of unit u is
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def sample_masks(sizes: Sequence[int], k: int, seed: int) -> list[np.ndarray]:
+def subset_masks(sizes: Sequence[int], k: int, seed: int) -> list[np.ndarray]:
     """Per unit, a bool mask over its `sizes[u]` pairs, True for the chosen; k in all (all pairs
     when there are no more than k)."""
     sizes = np.asarray(sizes, dtype=np.int64)
@@ -30,10 +31,10 @@ def sample_masks(sizes: Sequence[int], k: int, seed: int) -> list[np.ndarray]:
     return masks
 
 
-def keep_sample(masks: Sequence[np.ndarray], k: int, seed: int) -> tuple[list[np.ndarray], int]:
+def keep_subset(masks: Sequence[np.ndarray], k: int, seed: int) -> tuple[list[np.ndarray], int]:
     """`masks` (per unit, the pairs still in) with only k of their True values left True, drawn
-    as `sample_masks` draws (all of them when there are no more than k); and how many it dropped."""
-    chosen = sample_masks([int(m.sum()) for m in masks], k, seed)
+    as `subset_masks` draws (all of them when there are no more than k); and how many it dropped."""
+    chosen = subset_masks([int(m.sum()) for m in masks], k, seed)
     out = []
     for m, c in zip(masks, chosen, strict=True):
         mask = m.copy()

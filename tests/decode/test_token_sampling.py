@@ -1,4 +1,4 @@
-"""Sampling (`nmt.decode.sampling`): validated settings, seeded and batch-invariant draws, top-k
+"""Sampling (`nmt.decode.token_sampling`): validated settings, seeded and batch-invariant draws, top-k
 and top-p restrictions, top-k 1 = greedy, and the CLI options."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import torch
 from nmt import EOS_ID, PAD_ID
 from nmt.config import ModelConfig
 from nmt.decode.options import Sampling
-from nmt.decode.sampling import sample_tokens, sentence_keys, uniforms
 from nmt.decode.search import greedy_search
+from nmt.decode.token_sampling import sample_tokens, sentence_keys, uniforms
 from nmt.errors import NmtError
 from nmt.model.transformer import Transformer
 

@@ -84,6 +84,19 @@ def test_auto_precision_resolves_to_a_concrete_one():
         assert training_precision(cpu, "bf16") == "bf16"
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_auto_precision_follows_the_host_it_runs_on(monkeypatch, fast):
+    """A host without fast bf16 (AVX2 only, no AVX512-BF16/AMX) trains auto in fp32, one with it in
+    bf16: simulated, so both sides run on any CPU."""
+    from nmt.hw import device
+
+    monkeypatch.setattr(device, "fast_bf16_available", lambda _: fast)
+    cpu = torch.device("cpu")
+    resolved = training_precision(cpu, "auto")
+    assert resolved == ("bf16" if fast else "fp32")
+    assert grad_scaler(cpu, resolved).is_enabled() is False  # the scaler is for fp16 on CUDA only
+
+
 def test_what_takes_a_precision_takes_it_resolved():
     """autocast and the grad scaler never resolve auto themselves: it is resolved once, at set-up."""
     cpu = torch.device("cpu")

@@ -26,6 +26,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from nmt.run.layout import RunDir
+
 ROOT = Path(__file__).resolve().parent.parent
 PREPARED = ("corpus", "vocab", "bin", "download.stamp.json", "vocab.stamp.json")  # what the arms share
 
@@ -100,8 +102,8 @@ def select(run: Path) -> dict:
     from nmt.config import load_config
     from nmt.pipeline import select_stage
 
-    select_stage(load_config(run / "config.yaml"), run)
-    return json.loads((run / "select.stamp.json").read_text(encoding="utf-8"))
+    select_stage(load_config(RunDir(run).config), run)
+    return json.loads(RunDir(run).stamp("select").read_text(encoding="utf-8"))
 
 
 def from_log(run: Path) -> dict:
@@ -109,7 +111,7 @@ def from_log(run: Path) -> dict:
     does): updates, epochs, mean tokens/s, the last learning rate, the best greedy validation
     BLEU during training and its step."""
     steps, rates, lr, epochs, best, best_step = 0, [], None, 0.0, 0.0, 0
-    for line in (run / "train.log").read_text(encoding="utf-8").splitlines():
+    for line in RunDir(run).train_log.read_text(encoding="utf-8").splitlines():
         fields = dict(f.strip().split(" ", 1) for f in line.split(" | ")[1:] if " " in f.strip())
         if " step " in line and "lr" in fields and "valid step" not in line:
             steps = int(line.split(" step ")[1].split(" |")[0])
@@ -142,7 +144,8 @@ def result(name: str, overrides: list[str], run: Path) -> dict:
 
 
 def _log_text(run: Path) -> str:
-    return (run / "train.log").read_text(encoding="utf-8") if (run / "train.log").is_file() else ""
+    log = RunDir(run).train_log
+    return log.read_text(encoding="utf-8") if log.is_file() else ""
 
 
 def table(rows: list[dict]) -> str:

@@ -38,6 +38,7 @@ from nmt.decode.evaluate import score
 from nmt.decode.translator import Translator
 from nmt.export.argos_check import argos_pipeline, argos_translate
 from nmt.export.ct2_model import ExportOptions, export_run
+from nmt.run.layout import RunDir
 
 
 def row(name: str, hyps: list[str], refs: list[str], srcs: list[str], data, nmt_hyps: list[str] | None, secs: float):
@@ -54,9 +55,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     run = args.run
-    config = load_config(run / "config.yaml")
-    srcs = (run / "corpus" / "valid.zh").read_text(encoding="utf-8").splitlines()[: args.lines]
-    refs = (run / "corpus" / "valid.en").read_text(encoding="utf-8").splitlines()[: args.lines]
+    config = load_config(RunDir(run).config)
+    srcs = RunDir(run).corpus_file("valid", "zh").read_text(encoding="utf-8").splitlines()[: args.lines]
+    refs = RunDir(run).corpus_file("valid", "en").read_text(encoding="utf-8").splitlines()[: args.lines]
     tmp = Path(tempfile.mkdtemp(prefix="bench-argos-"))
     pkg = export_run(ExportOptions(run, output=tmp / "zh_en.argosmodel", format="argos"))
     rows, timer = [], time.perf_counter
@@ -73,7 +74,7 @@ def main() -> None:
         zf.extractall(tmp / "pkg")
     folder = next((tmp / "pkg").iterdir())
     sp = spm.SentencePieceProcessor(model_file=str(folder / "sentencepiece.model"))
-    bare = spm.SentencePieceProcessor(model_file=str(run / "vocab" / f"{config.data.src_lang}.model"))
+    bare = spm.SentencePieceProcessor(model_file=str(RunDir(run).vocab_model(config.data.src_lang)))
     nmt_ids = nmt_tr.encode_sources(srcs)  # normalised, no pass-through, truncated as nmt does
     same_pieces = sum(sp.encode(s)[: len(ids)] == ids for s, ids in zip(srcs, nmt_ids, strict=True))
     print(f"source pieces of the package's tokenizer on raw lines = nmt's: {same_pieces}/{len(srcs)}", flush=True)

@@ -39,6 +39,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from nmt.run.layout import RunDir
+
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("plain", "recipe", "cached")
 REFUSED = "is below the floor"  # how `nmt backtranslate` says a reverse model is too weak
@@ -136,7 +138,7 @@ def newstest(a: argparse.Namespace, run: Path, core: int | None, log: Path) -> d
     """Score `run` on newstest2018 (zh→en); returns its report."""
     src, ref = a.out / "newstest2018.zh", a.out / "newstest2018.en"
     nmt(core, "eval", "-r", str(run), "--src", str(src), "--ref", str(ref), "--name", "newstest2018", log=log)
-    return json.loads((run / "eval" / "newstest2018.json").read_text())
+    return json.loads(RunDir(run).eval_report("newstest2018").read_text())
 
 
 def write_newstest(a: argparse.Namespace) -> None:
@@ -162,7 +164,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-pin", action="store_true", help="do not pin each arm to one core")
     p.add_argument("--arms", type=arm_list, help=f"the arms to run, comma-separated ({', '.join(ARMS)})")
     a = p.parse_args(argv)
-    if a.reverse_run is not None and not (a.reverse_run / "config.yaml").is_file():
+    if a.reverse_run is not None and not RunDir(a.reverse_run).config.is_file():
         p.error(f"--reverse-run {a.reverse_run}: not a run directory (no config.yaml)")
     if a.reverse_run is not None and a.cached_too:
         p.error("--cached-too reuses the recipe's reverse model; --reverse-run already makes the second arm cached")

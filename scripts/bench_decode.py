@@ -43,6 +43,7 @@ from nmt.decode.translator import Translator  # noqa: E402
 from nmt.hw import host  # noqa: E402
 from nmt.model.fast_decoder import FastDecoder  # noqa: E402
 from nmt.run.checkpoints import find_inference_checkpoint  # noqa: E402
+from nmt.run.layout import RunDir  # noqa: E402
 
 ROWS = "native:fp32,native:bf16,native:int8,ctranslate2:fp32,ctranslate2:int8"
 
@@ -67,8 +68,8 @@ def parse_args() -> argparse.Namespace:
 
 
 def subset(run: Path, n: int, seed: int) -> tuple[list[str], list[str]]:
-    src = read_lines(run / "corpus" / "test.zh")
-    ref = read_lines(run / "corpus" / "test.en")
+    src = read_lines(RunDir(run).corpus_file("test", "zh"))
+    ref = read_lines(RunDir(run).corpus_file("test", "en"))
     idx = sorted(random.Random(seed).sample(range(len(src)), min(n, len(src))))
     return [src[i] for i in idx], [ref[i] for i in idx]
 

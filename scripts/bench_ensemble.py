@@ -25,6 +25,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from nmt.run.layout import RunDir
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -60,13 +62,13 @@ def evaluate(run: Path, checkpoints: list[Path], name: str, src: Path, ref: Path
     cmd += [arg for c in checkpoints for arg in ("--checkpoint", str(c))]
     cmd += ["--precision", "fp32"]  # the same precision for every row (an ensemble decodes in fp32 too)
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    return json.loads((run / "eval" / f"{name}.json").read_text())
+    return json.loads(RunDir(run).eval_report(name).read_text())
 
 
 def test_subset(run: Path, n: int, out: Path) -> tuple[Path, Path]:
     """A seeded subset of the run's (cleaned) test split as two text files."""
-    src = (run / "corpus" / "test.zh").read_text(encoding="utf-8").splitlines()
-    ref = (run / "corpus" / "test.en").read_text(encoding="utf-8").splitlines()
+    src = RunDir(run).corpus_file("test", "zh").read_text(encoding="utf-8").splitlines()
+    ref = RunDir(run).corpus_file("test", "en").read_text(encoding="utf-8").splitlines()
     idx = sorted(random.Random(1).sample(range(len(src)), min(n, len(src))))
     files = out / "test-subset.zh", out / "test-subset.en"
     for path, lines in zip(files, (src, ref), strict=True):

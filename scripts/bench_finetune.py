@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from nmt.run.layout import RunDir
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -54,7 +56,7 @@ def main() -> None:
     init_run = a.init.resolve().parent.parent
     src, ref = f"{test}.zh", f"{test}.en"
     nmt("eval", "-r", str(init_run), "--checkpoint", str(a.init), "--src", src, "--ref", ref, "--name", "ft-before")
-    before = json.loads((init_run / "eval" / "ft-before.json").read_text())
+    before = json.loads(RunDir(init_run).eval_report("ft-before").read_text())
     run = a.out / "run"
     start = time.monotonic()
     nmt(
@@ -72,7 +74,7 @@ def main() -> None:
     )
     seconds = time.monotonic() - start
     nmt("eval", "-r", str(run), "--src", src, "--ref", ref, "--name", "ft-after")  # the same text as before
-    after = json.loads((run / "eval" / "ft-after.json").read_text())
+    after = json.loads(RunDir(run).eval_report("ft-after").read_text())
     print(
         f"\nfine-tuning {a.init} on newsdev2017[:{a.train_lines}] for train.max_time={a.minutes:g} min "
         f"(pipeline {seconds / 60:.1f} min); newstest2018, first {a.test_lines or 'all'} sentences, beam 5"

@@ -27,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+from nmt.run.layout import RunDir
+
 ROOT = Path(__file__).resolve().parent.parent
 MIRROR = ROOT.parent / "shared" / "data"
 CORPUS_DIR = "tatoeba-zh-en"  # the folder the tatoeba recipe reads in a mirror
@@ -164,8 +166,8 @@ def bare_encoding(run_dir: Path, cores: int) -> dict:
     start, tokens = time.perf_counter(), 0
     with mp.get_context("spawn").Pool(cores) as pool:
         for lang in ("zh", "en"):
-            model = str(run_dir / "vocab" / f"{lang}.model")
-            blocks = _blocks(run_dir / "corpus" / f"train.{lang}", 20_000)
+            model = str(RunDir(run_dir).vocab_model(lang))
+            blocks = _blocks(RunDir(run_dir).corpus_file("train", lang), 20_000)
             tokens += sum(pool.imap(_encode_part, ((model, b) for b in blocks)))
     return {"seconds": time.perf_counter() - start, "tokens": tokens}
 
@@ -198,8 +200,8 @@ def bench(pairs: int, mirror: Path, config_args: tuple[str, list[str]], work: Pa
         res.update(stage=stage, pairs=pairs, out=sum(_bytes(run / o) for o in out))
         rows.append(res)
         print(_row(res, cores), flush=True)
-    kept = sum(1 for _ in (run / "corpus" / "train.zh").open(encoding="utf-8"))
-    steps = json.loads((run / "vocab.stamp.json").read_text(encoding="utf-8"))["report"].get("seconds", {})
+    kept = sum(1 for _ in RunDir(run).corpus_file("train", "zh").open(encoding="utf-8"))
+    steps = json.loads(RunDir(run).stamp("vocab").read_text(encoding="utf-8"))["report"].get("seconds", {})
     for step, seconds in steps.items():  # the vocab stage's own steps (nmt.data.vocab.build_vocab)
         rows.append({"stage": f"  {step}", "pairs": kept, "seconds": seconds} | dict.fromkeys(SIZES, 0))
         print(_row(rows[-1], cores), flush=True)

@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 from nmt.decode.evaluate import read_lines  # noqa: E402
 from nmt.decode.options import InferenceOptions  # noqa: E402
 from nmt.decode.translator import Translator  # noqa: E402
+from nmt.run.layout import RunDir  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -308,7 +309,7 @@ def main() -> None:
     args = parse_args()
     global API
     API = APIS[args.api]
-    lines = read_lines(args.input or args.run / "corpus" / "test.zh")
+    lines = read_lines(args.input or RunDir(args.run).corpus_file("test", "zh"))
     lines = [s for s in lines if s.strip()]
     sentences = random.Random(args.seed).sample(lines, min(args.sentences, len(lines)))
     translator = Translator.from_options(InferenceOptions(run_dir=args.run, precision=args.precision, beam=args.beam))

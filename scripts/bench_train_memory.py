@@ -28,6 +28,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's nmt writes the data, whatever PYTHONPATH says
+
+from nmt.run.layout import RunDir  # noqa: E402
+
 VOCAB = 8000
 CHUNK = 200_000
 MODEL = [
@@ -77,7 +81,6 @@ def write_legacy(bin_dir: Path, split: str, n: int, seed: int) -> None:
 
 
 def write_sharded(bin_dir: Path, split: str, n: int, seed: int) -> None:
-    sys.path.insert(0, str(ROOT))
     from nmt.data.encoded import SHARD_PAIRS, shard_count, write_split
 
     sides = {lang: synthetic_chunks(n, seed, side) for side, lang in enumerate(("zh", "en"))}
@@ -92,15 +95,15 @@ def prepare(run: Path, n: int, legacy: bool, seed: int) -> None:
         return
     shutil.rmtree(run, ignore_errors=True)
     write = write_legacy if legacy else write_sharded
-    write(run / "bin", "train", n, seed)
-    write(run / "bin", "valid", 200, seed + 1)
+    write(RunDir(run).bin, "train", n, seed)
+    write(RunDir(run).bin, "valid", 200, seed + 1)
     done.write_text(json.dumps({"pairs": n, "legacy": legacy, "seed": seed}))
 
 
 def measure(run: Path, code: Path, steps: int) -> dict:
     """Train `steps` updates from scratch in a child; its peak RssAnon and RssFile (MiB) and wall time."""
-    for stale in ("checkpoints", "tb", "train.log"):
-        shutil.rmtree(run / stale, ignore_errors=True) if (run / stale).is_dir() else (run / stale).unlink(True)
+    for stale in (RunDir(run).checkpoints, RunDir(run).tb, RunDir(run).train_log):
+        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(True)
     overrides = [*MODEL, f"train.max_steps={steps}"]
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-c", CHILD, str(ROOT / "configs" / "tiny.yaml"), str(run), *overrides]

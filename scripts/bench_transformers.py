@@ -27,6 +27,7 @@ from nmt.errors import NmtError
 from nmt.export.ct2_model import ExportOptions
 from nmt.export.transformers_model import export_transformers
 from nmt.hw.host import cpu_model
+from nmt.run.layout import RunDir
 
 SENTENCE = "我明天要去北京。"
 HF_ONE = (
@@ -71,9 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beam", type=int, default=5)
     args = parser.parse_args(argv)
     try:
-        config = load_config(args.run / "config.yaml")
-        src = (args.run / "corpus" / f"valid.{config.data.src_lang}").read_text(encoding="utf-8").splitlines()
-        ref = (args.run / "corpus" / f"valid.{config.data.tgt_lang}").read_text(encoding="utf-8").splitlines()
+        run = RunDir(args.run)
+        config = load_config(run.config)
+        src = run.corpus_file("valid", config.data.src_lang).read_text(encoding="utf-8").splitlines()
+        ref = run.corpus_file("valid", config.data.tgt_lang).read_text(encoding="utf-8").splitlines()
         src, ref = src[: args.lines], ref[: args.lines]
         with tempfile.TemporaryDirectory() as tmp:
             folder = export_transformers(ExportOptions(args.run, output=Path(tmp) / "hf"), command="bench")

@@ -21,6 +21,7 @@ from nmt.config import load_config
 from nmt.decode.evaluate import EvalJob, evaluate_run
 from nmt.decode.options import InferenceOptions
 from nmt.errors import NmtError
+from nmt.run.layout import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 SENTENCES = ROOT / "data" / "everyday"
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         run = args.run.resolve()
-        config = load_config(run / "config.yaml")
+        config = load_config(RunDir(run).config)
         src, ref = args.sentences.with_suffix(".zh"), args.sentences.with_suffix(".en")
         opts = InferenceOptions(run_dir=run, engine=args.engine, beam=args.beam)
         report = evaluate_run(config, run, EvalJob(src=src, ref=ref, name="everyday"), opts, quiet=True)

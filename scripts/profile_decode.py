@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from nmt.decode.evaluate import read_lines  # noqa: E402
 from nmt.decode.translator import Translator  # noqa: E402
 from nmt.run.checkpoints import latest_checkpoint  # noqa: E402
+from nmt.run.layout import RunDir  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -41,10 +42,10 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
-    checkpoint = args.checkpoint or latest_checkpoint(args.run / "checkpoints")
+    checkpoint = args.checkpoint or latest_checkpoint(RunDir(args.run).checkpoints)
     tr = Translator.from_run(args.run, checkpoint, device="cpu", precision=args.precision)
     tr.config.decode.batch_size, tr.config.decode.max_tokens = args.batch, 1 << 30
-    src = read_lines(args.run / "corpus" / "test.zh")[: args.sentences]
+    src = read_lines(RunDir(args.run).corpus_file("test", "zh"))[: args.sentences]
     tr.translate(src[: 2 * args.batch], beam=args.beam)  # warm-up
     start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:

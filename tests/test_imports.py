@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 NMT = Path(__file__).resolve().parents[1] / "nmt"
+SCRIPTS = NMT.parent / "scripts"
 
 
 def module_name(path: Path) -> str:
@@ -214,15 +215,22 @@ def is_a_name(node: ast.expr) -> bool:
     return isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Name) and node.id.isupper())
 
 
-def hand_built_run_paths(source: str) -> list[int]:
+def hand_built_run_paths(source: str, own: frozenset[str] = frozenset()) -> list[int]:
     """The lines of `source` that join a name to a run directory by hand (`run_dir / "vocab"`)
-    instead of asking `nmt.run.layout.RunDir`."""
+    instead of asking `nmt.run.layout.RunDir`; the names in `own` (a script's own files that it
+    keeps in a run it made) are not the run's."""
     return sorted(
         node.lineno
         for node in ast.walk(ast.parse(source))
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
         and names_a_run(node.left) and is_a_name(node.right)
+        and not (isinstance(node.right, ast.Constant) and node.right.value in own)
     )  # fmt: skip
+
+
+# A script's own files in the runs it makes, not a run's (so not RunDir's to name): the
+# prepared.json of bench_train_memory records which synthetic data it wrote into a run.
+SCRIPTS_OWN = {"scripts/bench_train_memory.py": frozenset({"prepared.json"})}
 
 
 def test_the_run_path_finder_finds_names_joined_to_a_run():
@@ -243,15 +251,21 @@ e = run_dir / name
 f = rerun_dir / "x"
 """
     assert hand_built_run_paths(fine) == []
+    own = 'a = run / "prepared.json"\nb = run / "config.yaml"\n'
+    assert hand_built_run_paths(own, frozenset({"prepared.json"})) == [2]
+    assert hand_built_run_paths(own) == [1, 2]
 
 
 def test_only_the_run_package_spells_a_run_directorys_names():
     """Every file and folder of a run is named once, by `nmt.run.layout.RunDir`; every module
-    outside `nmt.run` asks it."""
+    outside `nmt.run` asks it, and so does every script (scripts/*.py, entry points that may
+    import nmt), but for its own files (SCRIPTS_OWN)."""
+    scripts = sorted(SCRIPTS.glob("*.py"))
+    assert scripts, f"no scripts in {SCRIPTS}"
     wrong = [
-        f"{path.relative_to(NMT.parent)}:{line}"
-        for name, path in sorted(MODULES.items())
-        if room(name) != "run"
-        for line in hand_built_run_paths(path.read_text(encoding="utf-8"))
+        f"{where}:{line}"
+        for path in [p for name, p in sorted(MODULES.items()) if room(name) != "run"] + scripts
+        for where in [path.relative_to(NMT.parent).as_posix()]
+        for line in hand_built_run_paths(path.read_text(encoding="utf-8"), SCRIPTS_OWN.get(where, frozenset()))
     ]
     assert not wrong, "a run directory's path built by hand (use nmt.run.layout.RunDir): " + ", ".join(wrong)

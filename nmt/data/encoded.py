@@ -18,8 +18,8 @@ worker count or the run directory). `write_split` writes the same format from id
 
 `ParallelSplit` opens a split without loading it: per shard, the lengths are read when asked
 for (`window_lengths`), and a pair's tokens with `os.pread` (page cache, not the process's memory).
-The older layout (`bin/{split}.{lang}.npy` int32 + `.offsets.npy` int64) still opens, as one window,
-and is read first where present: an encoding removes it, so where both exist it was written since.
+A split that an older nmt encoded (`bin/{split}.{lang}.npy`, no manifest) is not read: opening
+it raises an NmtError that says to rerun `nmt vocab`.
 """
 
 from __future__ import annotations
@@ -159,8 +159,6 @@ def _staging(bin_dir: Path, split: str) -> Iterator[Path]:
     scratch = Path(tempfile.mkdtemp(prefix=f".{split}.tmp-", dir=bin_dir))
     try:
         yield scratch
-        for legacy in bin_dir.glob(f"{split}.*.npy"):  # the older layout, gone first: it would be read first
-            legacy.unlink()
         replace_dir(scratch, bin_dir / split)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -346,22 +344,16 @@ def encode_split(
 
 @dataclass(frozen=True)
 class _ShardFiles:
-    """Where one shard's two sides live: token files, their dtypes and data offsets, and either the
-    lengths files (format 2) or the offsets arrays (the older layout)."""
+    """Where one shard's two sides live: token files (ids from byte 0), their dtypes, lengths files."""
 
     name: str
     pairs: int
     tok: tuple[Path, Path]  # (source, target)
     dtype: tuple[np.dtype, np.dtype]
-    data_offset: tuple[int, int]  # bytes before the first id (a .npy header in the older layout)
-    lengths: tuple[Path, Path] | None = None  # format 2
-    offsets: tuple[np.ndarray, np.ndarray] | None = None  # older layout: (N+1,) int64, memory-mapped
+    lengths: tuple[Path, Path]
 
     def read_lengths(self) -> tuple[np.ndarray, np.ndarray]:
         """(source, target) pieces per pair, int32, read into memory (not mapped)."""
-        if self.offsets is not None:
-            return np.diff(self.offsets[0]).astype(np.int32), np.diff(self.offsets[1]).astype(np.int32)
-        assert self.lengths is not None
         return tuple(np.fromfile(p, dtype=LENGTH_DTYPE).astype(np.int32) for p in self.lengths)  # type: ignore[return-value]
 
 
@@ -380,16 +372,13 @@ class _OpenShard:
 
     def __init__(self, files: _ShardFiles) -> None:
         self.files = files
-        self.offsets = files.offsets
-        if self.offsets is None:
-            self.offsets = tuple(_offsets(n) for n in files.read_lengths())
+        self.offsets = tuple(_offsets(n) for n in files.read_lengths())
         self.handles: list[IO[bytes]] = [open(p, "rb", buffering=0) for p in files.tok]  # noqa: SIM115
 
     def side(self, side: int, j: int) -> np.ndarray:
         start, end = int(self.offsets[side][j]), int(self.offsets[side][j + 1])
         dtype = self.files.dtype[side]
-        data = os.pread(self.handles[side].fileno(), (end - start) * dtype.itemsize,
-                        self.files.data_offset[side] + start * dtype.itemsize)  # fmt: skip
+        data = os.pread(self.handles[side].fileno(), (end - start) * dtype.itemsize, start * dtype.itemsize)
         return np.frombuffer(data, dtype=dtype)
 
     def close(self) -> None:
@@ -416,13 +405,17 @@ class ParallelSplit:
     @classmethod
     def open(cls, run_dir: Path, split: str, config: Config) -> ParallelSplit:
         """`run_dir`/bin's `split` for config.data's languages; NmtError (one line) naming the file
-        when it is missing, incomplete or inconsistent."""
+        when it is missing, incomplete or inconsistent, or naming the folder when it holds the split
+        only as an older nmt wrote it (`{split}.{lang}.npy`)."""
         bin_dir = RunDir(run_dir).bin
         langs = (config.data.src_lang, config.data.tgt_lang)
-        if (bin_dir / f"{split}.{langs[0]}.npy").is_file():  # written since any encoding (which removes it)
-            return cls(split, bin_dir, [_legacy_shard(bin_dir, split, langs)])
         if (bin_dir / split / MANIFEST).is_file():
             return cls(split, bin_dir / split, _manifest_shards(bin_dir / split, langs))
+        for old in (bin_dir / f"{split}.{lang}.npy" for lang in langs):
+            if old.is_file():
+                raise NmtError(
+                    f"{bin_dir}: encoded with an older nmt layout ({old.name}); rerun `nmt vocab --run {run_dir}`"
+                )
         raise NmtError(f"{bin_dir / split / MANIFEST}: not found; run `nmt vocab` first (it encodes the corpus)")
 
     def __len__(self) -> int:
@@ -455,7 +448,7 @@ class ParallelSplit:
         return self._whole_ids(1)
 
     def _whole_ids(self, side: int) -> np.ndarray:
-        parts = [np.fromfile(s.tok[side], dtype=s.dtype[side], offset=s.data_offset[side]) for s in self.shards]
+        parts = [np.fromfile(s.tok[side], dtype=s.dtype[side]) for s in self.shards]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
 
     def _whole_lengths(self) -> tuple[np.ndarray, np.ndarray]:
@@ -519,48 +512,11 @@ def _manifest_shards(folder: Path, langs: tuple[str, str]) -> list[_ShardFiles]:
                 raise NmtError(f"{folder / name}: {got}; rerun `nmt vocab`")
         tok = tuple(folder / f"{s['name']}.{lang}.tok" for lang in langs)
         lengths = tuple(folder / f"{s['name']}.{lang}.len" for lang in langs)
-        shards.append(_ShardFiles(s["name"], int(s["pairs"]), tok, dtypes, (0, 0), lengths))  # type: ignore[arg-type]
+        shards.append(_ShardFiles(s["name"], int(s["pairs"]), tok, dtypes, lengths))  # type: ignore[arg-type]
     return shards
-
-
-def _legacy_shard(bin_dir: Path, split: str, langs: tuple[str, str]) -> _ShardFiles:
-    """The older layout (int32 ids + int64 offsets per language) as one shard."""
-    sides = [_legacy_side(bin_dir, split, lang) for lang in langs]
-    (src_path, src_dtype, src_start, src_off), (tgt_path, tgt_dtype, tgt_start, tgt_off) = sides
-    if len(src_off) != len(tgt_off):
-        raise NmtError(
-            f"{src_path} has {len(src_off) - 1} sentences but {tgt_path.name} has {len(tgt_off) - 1}; rerun `nmt vocab`"
-        )
-    return _ShardFiles(
-        split, len(src_off) - 1, (src_path, tgt_path), (src_dtype, tgt_dtype), (src_start, tgt_start),
-        offsets=(src_off, tgt_off),
-    )  # fmt: skip
-
-
-def _legacy_side(bin_dir: Path, split: str, lang: str) -> tuple[Path, np.dtype, int, np.ndarray]:
-    """(ids file, dtype, byte offset of the first id, offsets) of one language, checked consistent."""
-    ids_path, off_path = bin_dir / f"{split}.{lang}.npy", bin_dir / f"{split}.{lang}.offsets.npy"
-    for p in (ids_path, off_path):
-        if not p.is_file():
-            raise NmtError(f"{p}: not found; run `nmt vocab` first (it encodes the corpus)")
-    with open(ids_path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, _, dtype = read_header(f)
-        start = f.tell()
-    try:
-        offsets = np.load(off_path, mmap_mode="r")
-    except ValueError:  # a zero-length array cannot be memory-mapped
-        offsets = np.load(off_path)
-    count = int(np.prod(shape))
-    if offsets.ndim != 1 or len(offsets) == 0 or offsets[0] != 0 or int(offsets[-1]) != count:
-        raise NmtError(f"{off_path}: offsets do not match {ids_path.name} ({count} ids); rerun `nmt vocab`")
-    return ids_path, np.dtype(dtype), start, offsets
 
 
 def encoded_files(run_dir: Path, split: str) -> list[Path]:
     """The files whose bytes define an encoded split: its manifest (which holds every shard's sha256),
-    or the older layout's arrays. For stage stamps."""
-    bin_dir = RunDir(run_dir).bin
-    legacy = sorted(bin_dir.glob(f"{split}.*.npy"))
-    return legacy or [p for p in [RunDir(run_dir).encoded_manifest(split)] if p.is_file()]
+    or none while the split is not encoded. For stage stamps."""
+    return [p for p in [RunDir(run_dir).encoded_manifest(split)] if p.is_file()]

@@ -1,5 +1,5 @@
 """nmt.data.encoded: token shards with a lengths index and a manifest (encode_split, write_split),
-the older layout still readable, and ParallelSplit reading a pair at a time."""
+ParallelSplit reading a pair at a time, and a one-line error for a split an older nmt encoded."""
 
 from __future__ import annotations
 
@@ -222,8 +222,8 @@ def test_missing_or_damaged_shards_raise_one_line_errors(tmp_path, models):
         ParallelSplit.open(tmp_path, "train", french)
 
 
-def write_legacy(run, split, pairs):
-    """The older layout: int32 ids + int64 offsets per language."""
+def write_older_layout(run, split, pairs):
+    """A split as an older nmt encoded it: <run>/bin/{split}.{lang}.npy int32 ids + .offsets.npy int64."""
     out = run / "bin"
     out.mkdir(parents=True, exist_ok=True)
     for side, lang in enumerate(("zh", "en")):
@@ -233,36 +233,18 @@ def write_legacy(run, split, pairs):
         np.save(out / f"{split}.{lang}.offsets.npy", offsets)
 
 
-def test_the_older_layout_opens_as_one_window_and_a_new_encoding_replaces_it(tmp_path, models):
-    pairs = [([5, 6, 7], [8]), ([9], [10, 11]), ([12, 13], [14, 15, 16])]
-    write_legacy(tmp_path, "train", pairs)
-    ds = ParallelSplit.open(tmp_path, "train", CONFIG)
-    assert len(ds) == 3 and ds.window_bounds().tolist() == [0, 3]
-    assert [(s.tolist(), t.tolist()) for s, t in map(ds.pair, range(3))] == pairs
-    assert [n.tolist() for n in ds.window_lengths(0)] == [[3, 1, 2], [1, 2, 3]]
-    make_split(tmp_path, models)
-    assert sorted(p.name for p in (tmp_path / "bin").iterdir()) == ["train"]  # the old arrays are gone
-    assert len(ParallelSplit.open(tmp_path, "train", CONFIG)) == len(ZH)
-    write_legacy(tmp_path, "train", pairs)  # written after the encoding: the split now
-    assert len(ParallelSplit.open(tmp_path, "train", CONFIG)) == 3
-    assert [p.name for p in encoded.encoded_files(tmp_path, "train")] == [
-        "train.en.npy",
-        "train.en.offsets.npy",
-        "train.zh.npy",
-        "train.zh.offsets.npy",
-    ]
-
-
-def test_the_older_layout_checks_its_offsets(tmp_path):
-    write_legacy(tmp_path, "train", [([5], [6]), ([7], [8])])
-    np.save(tmp_path / "bin/train.en.offsets.npy", np.array([0, 5, 10**6], dtype=np.int64))
-    with pytest.raises(NmtError, match=r"train\.en\.offsets\.npy: offsets do not match"):
+def test_a_split_in_the_older_layout_raises_one_line_saying_to_rerun_vocab(tmp_path, models):
+    write_older_layout(tmp_path, "train", [([5, 6, 7], [8]), ([9], [10, 11])])
+    with pytest.raises(NmtError) as raised:
         ParallelSplit.open(tmp_path, "train", CONFIG)
-    write_legacy(tmp_path, "valid", [([5], [6]), ([7], [8])])
-    np.save(tmp_path / "bin/valid.en.npy", np.array([6], dtype=np.int32))
-    np.save(tmp_path / "bin/valid.en.offsets.npy", np.array([0, 1], dtype=np.int64))
-    with pytest.raises(NmtError, match=r"valid\.zh\.npy has 2 sentences but valid\.en\.npy has 1"):
-        ParallelSplit.open(tmp_path, "valid", CONFIG)
+    assert str(raised.value) == (
+        f"{tmp_path / 'bin'}: encoded with an older nmt layout (train.zh.npy); rerun `nmt vocab --run {tmp_path}`"
+    )
+    assert encoded.encoded_files(tmp_path, "train") == []  # nothing a stage stamp could hash
+    make_split(tmp_path, models)  # a new encoding: read, whatever older files lie beside it
+    assert (tmp_path / "bin/train.zh.npy").is_file()
+    assert len(ParallelSplit.open(tmp_path, "train", CONFIG)) == len(ZH)
+    assert encoded.encoded_files(tmp_path, "train") == [tmp_path / "bin/train/manifest.json"]
 
 
 def test_pairs_are_read_from_the_files_not_mapped(tmp_path, models):

@@ -20,8 +20,10 @@ from learning import TEST_SEED, assert_learned
 from toy_runs import Steps
 
 from nmt.config import Config, load_config
+from nmt.data import encoded
 from nmt.hw.device import training_precision
 from nmt.run import weights as ckpt
+from nmt.run.layout import RunDir
 from nmt.run.log import read_curves
 from nmt.train import loop, stopping
 from nmt.train.loop import fit
@@ -36,16 +38,16 @@ TINY = ROOT / "configs" / "tiny.yaml"
 # --------------------------------------------------------------------------- helpers
 
 
-def write_split(run: Path, split: str, pairs: list[tuple[list[int], list[int]]], langs=("zh", "en")) -> None:
-    """Write <run>/bin/{split}.{lang}.npy + offsets, the layout nmt.data.encoded reads."""
-    out = run / "bin"
-    out.mkdir(parents=True, exist_ok=True)
+def write_pairs(run: Path, split: str, pairs: list[tuple[list[int], list[int]]], langs=("zh", "en")) -> None:
+    """Write <run>/bin/{split} from id pairs with `nmt.data.encoded.write_split`: one shard, pairs
+    in the given order (an encoded split already there is replaced)."""
+    sides, vocab = {}, {}
     for side, lang in enumerate(langs):
         seqs = [np.asarray(p[side], dtype=np.int32) for p in pairs]
-        offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
-        offsets[1:] = np.cumsum([len(s) for s in seqs])
-        np.save(out / f"{split}.{lang}.npy", np.concatenate(seqs).astype(np.int32))
-        np.save(out / f"{split}.{lang}.offsets.npy", offsets)
+        flat = np.concatenate(seqs)
+        sides[lang] = [(flat, np.array([len(s) for s in seqs]))]
+        vocab[lang] = int(flat.max(initial=0)) + 1  # only the token dtype depends on it
+    encoded.write_split(RunDir(run).bin, split, sides, vocab)
 
 
 def synthetic_run(run: Path, task: str, n_train: int, n_valid: int, vocab: int = 20, hi: int = 8) -> None:
@@ -59,8 +61,8 @@ def synthetic_run(run: Path, task: str, n_train: int, n_valid: int, vocab: int =
             out.append((s, s if task == "copy" else s[::-1]))
         return out
 
-    write_split(run, "train", pairs(n_train))
-    write_split(run, "valid", pairs(n_valid))
+    write_pairs(run, "train", pairs(n_train))
+    write_pairs(run, "valid", pairs(n_valid))
 
 
 SYNTH = [
@@ -295,8 +297,8 @@ def test_overfits_32_validation_pairs(tmp_path, any_mirror):
     for lang in ("zh", "en"):  # the 32 pairs become both the training set and the raw references
         lines = (run / "corpus" / f"valid.{lang}").read_text(encoding="utf-8").split("\n")
         (run / "corpus" / f"valid.{lang}").write_text("\n".join(lines[i] for i in keep) + "\n", encoding="utf-8")
-    write_split(run, "train", pairs)
-    write_split(run, "valid", pairs)
+    write_pairs(run, "train", pairs)
+    write_pairs(run, "valid", pairs)
 
     steps = Steps()
     summary = fit(config, run, on_step=steps)

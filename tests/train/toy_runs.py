@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from nmt.config import Config, load_config
+from nmt.data.encoded import write_split
+from nmt.run.layout import RunDir
 from nmt.train.update import StepResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,17 +26,16 @@ def toy_config(*overrides: str) -> Config:
 
 
 def toy_run(run: Path, n_train: int = 150, n_valid: int = 16, vocab: int = 20) -> Path:
-    """<run>/bin/{train,valid}.{zh,en}.npy + offsets: random ids 4..vocab-1, target = reversed source."""
+    """<run>/bin/{train,valid}, one shard each in corpus order: random ids 4..vocab-1, target =
+    reversed source."""
     rng = np.random.default_rng(123)
-    out = run / "bin"
-    out.mkdir(parents=True, exist_ok=True)
     for split, n in (("train", n_train), ("valid", n_valid)):
         srcs = [rng.integers(4, vocab, rng.integers(2, 9)) for _ in range(n)]
-        for lang, seqs in (("zh", srcs), ("en", [s[::-1] for s in srcs])):
-            offsets = np.zeros(n + 1, dtype=np.int64)
-            offsets[1:] = np.cumsum([len(s) for s in seqs])
-            np.save(out / f"{split}.{lang}.npy", np.concatenate(seqs).astype(np.int32))
-            np.save(out / f"{split}.{lang}.offsets.npy", offsets)
+        sides = {
+            lang: [(np.concatenate(seqs).astype(np.int32), np.array([len(s) for s in seqs]))]
+            for lang, seqs in (("zh", srcs), ("en", [s[::-1] for s in srcs]))
+        }
+        write_split(RunDir(run).bin, split, sides, {"zh": vocab, "en": vocab})
     return run
 
 

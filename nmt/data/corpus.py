@@ -54,6 +54,7 @@ from nmt.data.subset import keep_subset
 from nmt.data.synthetic_filter import cap_synthetic, filter_synthetic
 from nmt.errors import NmtError, warn
 from nmt.files import atomic_path
+from nmt.run.dirs import checkpoint_run
 from nmt.run.layout import RunDir
 from nmt.run.stamps import clear_stamp, hash_files, stage_is_done, write_stamp
 
@@ -302,9 +303,11 @@ def _write_corpus(
     out: Path,
     work: _Work,
     extra: dict[str, tuple[Source, Recipe]],
+    inherited: dict | None = None,
 ) -> dict:
     """Every output file of the corpus (`sources`: valid and test; `corpora`: the training
-    corpora; `extra`: the more test sets of `data.eval_sets`, by name)."""
+    corpora; `extra`: the more test sets of `data.eval_sets`, by name; `inherited`: the
+    provenance of `train.init_from`'s run, whose data the weights have seen)."""
     codes = _codes_source(sources, recipe)
     stats: dict = {"corpus": recipe.name}
     for name in _output_names(data, True):  # temporary files of a run that was killed
@@ -329,7 +332,7 @@ def _write_corpus(
             written = stats["train"].get("pairs")  # data.corpora: with their weights (and real_upsample)
             real = written if written is not None else stats["train"]["kept"] * data.backtranslation.real_upsample
             stats["backtranslation"] = _write_synthetic(recipe, data, tmp, guard, work.split("backtranslation"), real)
-        stats["provenance"] = provenance(corpora)
+        stats["provenance"] = provenance(corpora, inherited)
         tmp["DATA.md"].write_text(data_card(stats["provenance"]), encoding="utf-8")
         tmp["stats.json"].write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         _write_manifest(tmp, stats)
@@ -339,10 +342,12 @@ def _write_corpus(
     return stats
 
 
-def provenance(corpora: list[TrainCorpus]) -> dict:
+def provenance(corpora: list[TrainCorpus], inherited: dict | None = None) -> dict:
     """What the training data is and may be used for: per corpus its source and licence, and
-    whether any allows research use only (`Recipe.research_only`), for DATA.md and exports."""
-    entries = []
+    whether any allows research use only (`Recipe.research_only`), for DATA.md and exports.
+    `inherited`: the provenance of the run a fine-tuning run starts from (`train.init_from`); its
+    corpora are listed too, marked `"via": "train.init_from"`, since the weights learnt from them."""
+    entries = [{**e, "via": "train.init_from"} for e in (inherited or {}).get("corpora", [])]
     for c in corpora:
         named = c.name == c.recipe.name  # a recipe; else a local path read with the main recipe's rules
         entries.append(
@@ -367,10 +372,28 @@ def data_card(prov: dict) -> str:
         ]
     lines += ["| corpus | source | licence |", "|---|---|---|"]
     lines += [
-        f"| {e['corpus']} | `{e['source']}` | {e['licence']}{' (research only)' if e['research_only'] else ''} |"
+        f"| {e['corpus']}{' (the weights it started from: train.init_from)' if e.get('via') else ''} "
+        f"| `{e['source']}` | {e['licence']}{' (research only)' if e['research_only'] else ''} |"
         for e in prov["corpora"]
     ]
     return "\n".join(lines) + "\n"
+
+
+def inherited_provenance(config: Config) -> dict | None:
+    """The provenance recorded by `train.init_from`'s run (its corpus/stats.json), or None when
+    the run starts from scratch. A source run without the record counts as an unknown corpus, so
+    a fine-tuned model never looks cleaner than what it was trained on."""
+    if not config.train.init_from:
+        return None
+    source = checkpoint_run(Path(config.train.init_from))
+    try:
+        found = json.loads(RunDir(source).corpus_stats.read_text(encoding="utf-8")).get("provenance")
+    except (OSError, json.JSONDecodeError):
+        found = None
+    if isinstance(found, dict) and "corpora" in found:
+        return found
+    unknown = {"corpus": f"the training data of {source}", "source": str(source), "licence": "not recorded"}
+    return {"corpora": [unknown | {"research_only": False}], "research_only": False}
 
 
 def _sha256(path: Path) -> str:
@@ -448,10 +471,12 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
     if _codes_source(sources, recipe) and sources["test"].kind != "hub":
         files.append(sources["test"].paths[0].parent / "test.codes.txt")
     settings = {k: v for k, v in stamp_sections(config)["data"].items() if k != "mirror"}
+    inherited = inherited_provenance(config)
     digest = hash_files(
         files,
         extra={"data": settings, "recipe": dataclasses.asdict(recipe), "kinds": [s.kind for s in inputs]}
-        | ({"hub": [s.ref for s in inputs]} if any(s.ref for s in inputs) else {}),
+        | ({"hub": [s.ref for s in inputs]} if any(s.ref for s in inputs) else {})
+        | ({"inherited": inherited} if inherited else {}),
     )
     names = _output_names(data, _codes_source(sources, recipe))
     if stage_is_done(run_dir, "download", digest) and all((out / n).is_file() for n in names):
@@ -459,7 +484,7 @@ def prepare_corpus(config: Config, run_dir: Path, mirror: str | None = None) -> 
         return json.loads(run.corpus_stats.read_text(encoding="utf-8"))
     clear_stamp(run_dir, "download")
     work = run.corpus_work
-    stats = _write_corpus(sources, corpora, recipe, data, out, _Work(work, digest), extra)
+    stats = _write_corpus(sources, corpora, recipe, data, out, _Work(work, digest), extra, inherited)
     shutil.rmtree(work, ignore_errors=True)
     print_stats(stats)
     write_stamp(run_dir, "download", digest, {"corpus": recipe.name})

@@ -316,6 +316,27 @@ def test_a_mirror_recipe_reads_its_named_files_and_its_run_says_where_the_data_m
     assert "Research" not in (tmp_path / "clean/corpus/DATA.md").read_text(encoding="utf-8")
 
 
+def test_a_run_fine_tuned_from_a_research_only_run_inherits_its_provenance(tmp_path, inputs):
+    mirror, _ = inputs
+    youdao_mirror(mirror)
+    prepare(tmp_path, "mix", mirror, [{"corpus": "wmt19"}, {"corpus": "youdao_coca"}])
+    raw = {"name": "t", "data": {"corpus": "wmt19", "workers": 1}}
+    raw["train"] = {"init_from": str(tmp_path / "mix/checkpoints/averaged.safetensors")}
+    stats = prepare_corpus(config_from_dict(raw), tmp_path / "tuned", mirror=str(mirror))
+    assert stats["provenance"]["research_only"] is True
+    assert [(e["corpus"], e.get("via")) for e in stats["provenance"]["corpora"]] == [
+        ("wmt19", "train.init_from"),
+        ("youdao_coca", "train.init_from"),
+        ("wmt19", None),
+    ]
+    card = (tmp_path / "tuned/corpus/DATA.md").read_text(encoding="utf-8")
+    assert "**Research and benchmarking only.**" in card
+    assert "| youdao_coca (the weights it started from: train.init_from) |" in card
+    raw["train"] = {"init_from": str(tmp_path / "nowhere/checkpoints/x.safetensors")}
+    unknown = prepare_corpus(config_from_dict(raw), tmp_path / "unknown", mirror=str(mirror))
+    assert unknown["provenance"]["corpora"][0]["licence"] == "not recorded"
+
+
 @pytest.mark.parametrize("with_mirror", [True, False])
 def test_a_mirror_only_recipe_without_its_folder_stops_in_one_line_naming_folder_and_mirror(
     tmp_path, inputs, with_mirror, monkeypatch

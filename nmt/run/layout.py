@@ -2,7 +2,7 @@
 
 Every module that reads or writes a run asks a `RunDir` (`RunDir(run_dir).vocab_model("zh")`,
 `.eval_report("test")`, `.stamp("train")`) instead of joining names to the run's path itself;
-`tests/test_imports.py` holds every module outside `nmt.run` to that. What each file holds is
+`tests/test_imports.py` holds every module outside `nmt.run`, and every script, to that. What each file holds is
 the map in `nmt/run/__init__.py`. The names of a checkpoint folder's files are constants here
 too, for the functions that are given that folder rather than the run (`nmt.run.checkpoints`).
 """

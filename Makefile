@@ -3,8 +3,8 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 MIRROR  ?= ../shared/data
-# make demo: Tatoeba alone, the validation winner at 20 minutes (the real-data mix needs more
-# updates: configs/medium.yaml, make demo-medium; docs/BENCHMARKS.md), and served by the hub too.
+# make demo: Tatoeba alone, the validation winner at 20 minutes over the real-data mix
+# (configs/small-mix.yaml; docs/BENCHMARKS.md), and served by the hub too.
 CONFIG  ?= configs/small.yaml
 
 .PHONY: setup test test-fast test-kinds lint format docs demo demo-medium demo-bt bench clean

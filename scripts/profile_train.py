@@ -143,7 +143,7 @@ class Training:
     def __init__(self, config: Config, run_dir: Path) -> None:
         from nmt.model.wrappers import wrap
         from nmt.train.distributed import DistInfo
-        from nmt.train.loop import TrainData, _Feed, build_seeded
+        from nmt.train.loop import BatchFeed, TrainData, build_seeded
         from nmt.train.update import Trainer
 
         self.config, self.device = config, torch.device("cpu")
@@ -153,7 +153,7 @@ class Training:
         self.model = build_seeded(config, self.vocab, self.device, None)
         model = wrap(self.model, config.train.compile, 1, self.device)
         self.trainer = Trainer(model, config.train, self.device, precision=self.precision)
-        self.feed = _Feed(self.data, config.train.update_freq, self.trainer.state, self.device)
+        self.feed = BatchFeed(self.data, config.train.update_freq, self.trainer.state, self.device)
 
     def run(self, n: int) -> Updates:
         """`n` updates as the training loop issues them (batches from the feed, `Trainer.update`),

@@ -19,10 +19,10 @@ all resumed invocations (``nmt.train.stopping`` says exactly what counts).
 The loop does not wait for the device between updates: `Trainer.update` reads nothing back,
 and the loop takes the issued updates' results (`Trainer.sync`, one read-back) only where it needs their
 values — every ``train.log_every`` updates, at evaluation and at a stop. On a GPU the next groups of
-batches are built ahead in a background thread, in pinned memory (`_Feed`); on the CPU they are
+batches are built ahead in a background thread, in pinned memory (`BatchFeed`); on the CPU they are
 built when used. Either way the same batches, and the same data position in each checkpoint.
 
-The pieces, one seam each: `TrainData` (this rank's batches, tokenizers, validator), `_Feed` (the
+The pieces, one seam each: `TrainData` (this rank's batches, tokenizers, validator), `BatchFeed` (the
 batches of each update), `build_seeded` / `wrap` (the model), `resume_checkpoint` (resume),
 `StoppingRules` (when to stop), `EvalHook` (validation and checkpoints), `TrainLog` +
 `TrainProgress` (logging, MFU against the measured matmul peak), `ResidentMemory` (the peaks of
@@ -120,7 +120,7 @@ PREFETCH_DEVICES = ("cuda",)  # device types whose batches are built ahead (test
 PREFETCH_DEPTH = 3  # groups of micro-batches built ahead at most
 
 
-class _Feed:
+class BatchFeed:
     """This rank's groups of ``update_freq`` micro-batches, in order, from the position in TrainState.
 
     By default `next` reads and collates the group it hands out. On a device in `PREFETCH_DEVICES`
@@ -303,7 +303,7 @@ class _Run:
             self._describe()
             per_epoch = self.data.sampler.total  # the data position counts every rank's batches
             self.progress = TrainProgress(self.log, t.log_every, per_epoch, self.peak)
-            self.feed = _Feed(self.data, t.update_freq, self.state, self.device)
+            self.feed = BatchFeed(self.data, t.update_freq, self.state, self.device)
             try:
                 stop = self._updates()
             finally:

@@ -1,4 +1,4 @@
-"""The training loop's batch feed (nmt/train/loop.py `_Feed`) and its background `Prefetcher`:
+"""The training loop's batch feed (nmt/train/loop.py `BatchFeed`) and its background `Prefetcher`:
 built ahead or on use, the same batches and the same saved data position."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Pairs:
 
 
 def train_data(n: int = 120) -> SimpleNamespace:
-    """What `_Feed` needs of `TrainData`: the dataset and its sampler (a dozen or more batches)."""
+    """What `BatchFeed` needs of `TrainData`: the dataset and its sampler (a dozen or more batches)."""
     dataset = Pairs(n)
     sampler = TokenBatchSampler(dataset.src_lengths, dataset.tgt_lengths, max_tokens=60, max_len=20, seed=3)
     return SimpleNamespace(dataset=dataset, sampler=sampler, subwords=None)
@@ -43,7 +43,7 @@ def train_data(n: int = 120) -> SimpleNamespace:
 
 def feed_run(data, state: TrainState, groups: int, k: int) -> list[tuple[list, tuple[int, int]]]:
     """`groups` groups from `state`: (their batches' tensors, the data position after each)."""
-    feed = loop._Feed(data, k, state, CPU)
+    feed = loop.BatchFeed(data, k, state, CPU)
     try:
         out = []
         for _ in range(groups):
@@ -82,7 +82,7 @@ def test_prefetched_groups_are_the_synchronous_ones_with_the_same_position(monke
 def test_the_position_is_that_of_the_groups_handed_out_not_of_those_built(monkeypatch):
     monkeypatch.setattr(loop, "PREFETCH_DEVICES", ("cpu",))
     data, state = train_data(), TrainState()
-    feed = loop._Feed(data, 2, state, CPU)
+    feed = loop.BatchFeed(data, 2, state, CPU)
     try:
         assert feed.ahead is not None
         feed.next(state)
@@ -97,7 +97,7 @@ def test_the_position_is_that_of_the_groups_handed_out_not_of_those_built(monkey
 
 
 def test_the_synchronous_feed_is_the_default_on_a_cpu():
-    feed = loop._Feed(train_data(), 1, TrainState(), CPU)
+    feed = loop.BatchFeed(train_data(), 1, TrainState(), CPU)
     assert feed.ahead is None
 
 

@@ -97,7 +97,7 @@ def test_training_reads_joined_pairs_only_when_asked(tiny_run):
     joined = loop.TrainData.open(config, tiny_run, torch.device("cpu"), info, "fp32")
     assert isinstance(joined.dataset, ConcatenatedPairs) and not isinstance(plain.dataset, ConcatenatedPairs)
     assert len(joined.dataset) == len(plain.dataset) + int(len(plain.dataset) * 0.25)
-    feed = loop._Feed(joined, 1, TrainState(), torch.device("cpu"))
+    feed = loop.BatchFeed(joined, 1, TrainState(), torch.device("cpu"))
     try:
         assert feed.next(TrainState())[0].src.shape[0] > 0
     finally:

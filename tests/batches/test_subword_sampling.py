@@ -85,7 +85,7 @@ def test_pairs_with_unk_or_grown_past_max_len_stay_as_stored(models, encoded):
 
 
 def feed_batches(data, state: TrainState, groups: int) -> list[torch.Tensor]:
-    feed = loop._Feed(data, 1, state, torch.device("cpu"))
+    feed = loop.BatchFeed(data, 1, state, torch.device("cpu"))
     try:
         return [feed.next(state)[0].src for _ in range(groups)] + [feed.next(state)[0].tgt_out]
     finally:

@@ -191,6 +191,11 @@ class TrainConfig:
     # concatenation augmentation (nmt/batches/concat.py): this fraction of extra training pairs, each two
     # random pairs of the corpus joined (source after source, target after target), drawn once per run
     concat_pairs: float = 0.0
+    # copy examples made each epoch (nmt/batches/copy_spans.py): this share of the training pairs is
+    # looked at, and where both sides hold a masked span or an aligned name/number (汤姆/Tom, 三/three)
+    # it becomes a made-up name or number on both sides, raw: the model learns to copy what exported
+    # runtimes (no pass-through masks) hand it; e.g. 0.5
+    copy_spans: float = 0.0
     clip_norm: float = 1.0  # 0 disables clipping
     max_len: int = 256  # pairs with a longer side (in pieces) are skipped
     max_steps: int = 0  # 0 = no limit
@@ -342,7 +347,8 @@ def stamp_sections(config: Config) -> dict[str, dict]:
     return {**sections, "data": data, "vocab": vocab, "model": model, "train": train}
 
 
-_REGULARISERS = ("src_word_dropout", "rdrop_alpha", "ema_decay", "subword_alpha", "concat_pairs")  # 0 = off
+# 0 = off
+_REGULARISERS = ("src_word_dropout", "rdrop_alpha", "ema_decay", "subword_alpha", "concat_pairs", "copy_spans")
 
 
 def _direction_from_languages(data: dict, source: str) -> dict:
@@ -444,6 +450,7 @@ def _check_train(t: TrainConfig, m: ModelConfig, need: Need) -> None:
     need(0.0 <= t.concat_pairs <= 1.0, "train.concat_pairs", f"{t.concat_pairs} is outside [0, 1] (0 = off)")
     need(0.0 <= t.ema_decay < 1.0, "train.ema_decay", f"{t.ema_decay} is outside [0, 1) (0 = off)")
     need(0.0 <= t.subword_alpha <= 1.0, "train.subword_alpha", f"{t.subword_alpha} is outside [0, 1] (0 = off)")
+    need(0.0 <= t.copy_spans <= 1.0, "train.copy_spans", f"{t.copy_spans} is outside [0, 1] (0 = off)")
     need(t.max_len >= 2, "train.max_len", "must be at least 2")
     need(
         t.max_len < m.max_positions,

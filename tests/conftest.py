@@ -15,9 +15,12 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
+import sentencepiece as spm
 import torch
 from learning import TEST_SEED
+from synthetic import pairs as synthetic_pairs
 from tiers import check_tiers, trains
 
 from nmt.config import Config, load_config
@@ -192,3 +195,30 @@ def warns(match: str = ""):
     said = [line for line in buf.getvalue().splitlines() if line.startswith("warning: ")]
     assert said, f"no warning line; stderr was {buf.getvalue()!r}"
     assert not match or any(re.search(match, line) for line in said), f"no warning matches {match!r}: {said}"
+
+
+SPM_PAIRS = synthetic_pairs(400, seed=5)  # what the `spm_models` fixture is trained on
+
+
+@pytest.fixture(scope="session")
+def spm_models(tmp_path_factory):
+    """Unigram models of both sides of `SPM_PAIRS`, with byte fallback (a made-up Latin span
+    encodes without <unk>) and two placeholders as user-defined pieces, as `nmt vocab` adds them."""
+    root = tmp_path_factory.mktemp("spm")
+    out = []
+    for side, lang in enumerate(("zh", "en")):
+        (root / f"{lang}.txt").write_text("\n".join(p[side] for p in SPM_PAIRS) + "\n", encoding="utf-8")
+        spm.SentencePieceTrainer.train(
+            input=str(root / f"{lang}.txt"), model_prefix=str(root / lang), vocab_size=(500, 400)[side],
+            byte_fallback=True, hard_vocab_limit=False, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2,
+            user_defined_symbols=["⦅0⦆", "⦅1⦆"],
+        )  # fmt: skip
+        out.append(root / f"{lang}.model")
+    return out
+
+
+@pytest.fixture(scope="session")
+def spm_encoded(spm_models):
+    """`SPM_PAIRS` as stored pieces (the best segmentation), as `nmt vocab` writes them."""
+    sps = [spm.SentencePieceProcessor(model_file=str(m)) for m in spm_models]
+    return [(np.array(sps[0].encode(zh)), np.array(sps[1].encode(en))) for zh, en in SPM_PAIRS]

@@ -46,6 +46,7 @@ from torch import nn
 
 from nmt.batches.batching import Batch, Prefetcher, WindowSampler, collate, load_batch
 from nmt.batches.concat import ConcatenatedPairs
+from nmt.batches.copy_spans import SpanCopier
 from nmt.batches.subword_sampling import Resegmenter
 from nmt.config import Config
 from nmt.data.vocab import check_vocab_copied
@@ -154,12 +155,22 @@ class BatchFeed:
 
 
 def _loader(data: TrainData) -> Callable[[np.ndarray, int], Batch]:
-    """load(indices, epoch): one training batch, its pairs resampled into pieces where
-    ``train.subword_alpha`` is on (`TrainData.subwords`, seeded by epoch and pair)."""
-    dataset, subwords = data.dataset, data.subwords
-    if subwords is None:
+    """load(indices, epoch): one training batch; where ``train.copy_spans`` is on, some of its pairs
+    made into copy examples (`TrainData.copies`), then, where ``train.subword_alpha`` is on, its
+    pairs resampled into pieces (`TrainData.subwords`); both seeded by epoch and pair."""
+    dataset, copies, subwords = data.dataset, data.copies, data.subwords
+    if copies is None and subwords is None:
         return lambda idx, epoch: load_batch(dataset, idx)
-    return lambda idx, epoch: collate(subwords.resegment(idx, [dataset.pair(int(i)) for i in idx], epoch))
+
+    def load(idx: np.ndarray, epoch: int) -> Batch:
+        pairs = [dataset.pair(int(i)) for i in idx]
+        if copies is not None:
+            pairs = copies.copy(idx, pairs, epoch)
+        if subwords is not None:
+            pairs = subwords.resegment(idx, pairs, epoch)
+        return collate(pairs)
+
+    return load
 
 
 def _groups(
@@ -183,6 +194,7 @@ class TrainData:
     tgt_tok: Any
     validator: Validator | None
     subwords: Resegmenter | None = None  # train.subword_alpha's resampling of the training pairs
+    copies: SpanCopier | None = None  # train.copy_spans's copy examples
 
     @classmethod
     def open(cls, config: Config, run_dir: Path, device: torch.device, info: DistInfo, precision: str) -> TrainData:
@@ -205,11 +217,14 @@ class TrainData:
         if info.is_main:
             valid = ParallelSplit.open(run_dir, "valid", config)
             validator = Validator(config, run_dir, valid, device, tgt_tok, precision=precision)
-        subwords = None
+        subwords = copies = None
+        models = [run.vocab_model(lang) for lang in (config.data.src_lang, config.data.tgt_lang)]
         if t.subword_alpha > 0:
-            models = [run.vocab_model(lang) for lang in (config.data.src_lang, config.data.tgt_lang)]
             subwords = Resegmenter(*models, alpha=t.subword_alpha, seed=t.seed, max_len=t.max_len)
-        return cls(dataset, sampler, src_tok, tgt_tok, validator, subwords)
+        if t.copy_spans > 0:
+            settings = {"src_lang": config.data.src_lang, "share": t.copy_spans, "seed": t.seed, "max_len": t.max_len}
+            copies = SpanCopier(*models, **settings)
+        return cls(dataset, sampler, src_tok, tgt_tok, validator, subwords, copies)
 
     def vocab_sizes(self, config: Config) -> tuple[int, int]:
         """(source, target) vocabulary sizes: the tokenizers', else the config's."""

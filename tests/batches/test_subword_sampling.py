@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 import torch
-from synthetic import pairs as synthetic_pairs
 
 from nmt import UNK_ID
 from nmt.batches.batching import TokenBatchSampler
@@ -18,68 +17,44 @@ from nmt.batches.subword_sampling import Resegmenter
 from nmt.train import loop
 from nmt.train.update import TrainState
 
-PAIRS = synthetic_pairs(400, seed=5)
+
+def resegmenter(spm_models, alpha: float = 0.1, seed: int = 1, max_len: int = 200) -> Resegmenter:
+    return Resegmenter(*spm_models, alpha=alpha, seed=seed, max_len=max_len)
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    """Unigram models of both sides of the synthetic corpus (zh with byte fallback)."""
-    root = tmp_path_factory.mktemp("spm")
-    out = []
-    for side, lang in enumerate(("zh", "en")):
-        (root / f"{lang}.txt").write_text("\n".join(p[side] for p in PAIRS) + "\n", encoding="utf-8")
-        spm.SentencePieceTrainer.train(
-            input=str(root / f"{lang}.txt"), model_prefix=str(root / lang), vocab_size=(500, 150)[side],
-            byte_fallback=side == 0, hard_vocab_limit=False, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2,
-        )  # fmt: skip
-        out.append(root / f"{lang}.model")
-    return out
-
-
-@pytest.fixture(scope="module")
-def encoded(models):
-    """The corpus as stored pieces (the best segmentation), as `nmt vocab` writes it."""
-    sps = [spm.SentencePieceProcessor(model_file=str(m)) for m in models]
-    return [(np.array(sps[0].encode(zh)), np.array(sps[1].encode(en))) for zh, en in PAIRS]
-
-
-def resegmenter(models, alpha: float = 0.1, seed: int = 1, max_len: int = 200) -> Resegmenter:
-    return Resegmenter(*models, alpha=alpha, seed=seed, max_len=max_len)
-
-
-def test_resampled_pairs_keep_their_text_and_change_their_pieces(models, encoded):
-    sps = [spm.SentencePieceProcessor(model_file=str(m)) for m in models]
+def test_resampled_pairs_keep_their_text_and_change_their_pieces(spm_models, spm_encoded):
+    sps = [spm.SentencePieceProcessor(model_file=str(m)) for m in spm_models]
     idx = list(range(100))
-    out = resegmenter(models).resegment(idx, encoded[:100], epoch=0)
-    for (s, t), (s2, t2) in zip(encoded[:100], out, strict=True):
+    out = resegmenter(spm_models).resegment(idx, spm_encoded[:100], epoch=0)
+    for (s, t), (s2, t2) in zip(spm_encoded[:100], out, strict=True):
         assert sps[0].decode(list(map(int, s2))) == sps[0].decode(s.tolist())
         assert sps[1].decode(list(map(int, t2))) == sps[1].decode(t.tolist())
 
     def changed(resampled) -> float:
-        en = zip(encoded[:100], resampled, strict=True)
+        en = zip(spm_encoded[:100], resampled, strict=True)
         return np.mean([list(map(int, a)) != b.tolist() for (_, b), (_, a) in en])
 
-    near_best = resegmenter(models, alpha=1.0).resegment(idx, encoded[:100], epoch=0)
+    near_best = resegmenter(spm_models, alpha=1.0).resegment(idx, spm_encoded[:100], epoch=0)
     assert changed(out) > 0.5 and changed(near_best) < changed(out)  # a larger alpha stays nearer the best
 
 
-def test_the_segmentation_depends_on_seed_epoch_and_pair_only(models, encoded):
-    idx, batch = [7, 8, 9, 10], encoded[7:11]
-    a = resegmenter(models).resegment(idx, batch, epoch=3)
-    resegmenter(models).resegment([1, 2], encoded[1:3], epoch=0)  # other draws in between change nothing
-    assert resegmenter(models).resegment(idx, batch, epoch=3) == a
-    assert resegmenter(models).resegment(idx[::-1], batch[::-1], epoch=3) == a[::-1]  # per pair, not per call
-    assert resegmenter(models).resegment(idx, batch, epoch=4) != a
-    assert resegmenter(models, seed=2).resegment(idx, batch, epoch=3) != a
+def test_the_segmentation_depends_on_seed_epoch_and_pair_only(spm_models, spm_encoded):
+    idx, batch = [7, 8, 9, 10], spm_encoded[7:11]
+    a = resegmenter(spm_models).resegment(idx, batch, epoch=3)
+    resegmenter(spm_models).resegment([1, 2], spm_encoded[1:3], epoch=0)  # other draws in between change nothing
+    assert resegmenter(spm_models).resegment(idx, batch, epoch=3) == a
+    assert resegmenter(spm_models).resegment(idx[::-1], batch[::-1], epoch=3) == a[::-1]  # per pair, not per call
+    assert resegmenter(spm_models).resegment(idx, batch, epoch=4) != a
+    assert resegmenter(spm_models, seed=2).resegment(idx, batch, epoch=3) != a
 
 
-def test_pairs_with_unk_or_grown_past_max_len_stay_as_stored(models, encoded):
-    s, t = encoded[0]
+def test_pairs_with_unk_or_grown_past_max_len_stay_as_stored(spm_models, spm_encoded):
+    s, t = spm_encoded[0]
     with_unk = (s, np.concatenate([t, [UNK_ID]]))
-    assert resegmenter(models).resegment([0], [with_unk], epoch=0)[0] is with_unk
-    limit = int(np.median([max(len(a), len(b)) for a, b in encoded[:50]])) + 2
-    out = resegmenter(models, max_len=limit).resegment(range(50), encoded[:50], epoch=0)
-    kept = [o is e for o, e in zip(out, encoded[:50], strict=True)]
+    assert resegmenter(spm_models).resegment([0], [with_unk], epoch=0)[0] is with_unk
+    limit = int(np.median([max(len(a), len(b)) for a, b in spm_encoded[:50]])) + 2
+    out = resegmenter(spm_models, max_len=limit).resegment(range(50), spm_encoded[:50], epoch=0)
+    kept = [o is e for o, e in zip(out, spm_encoded[:50], strict=True)]
     assert all(k or max(len(a), len(b)) <= limit for k, (a, b) in zip(kept, out, strict=True))
     assert 0 < sum(kept) < 50
 
@@ -92,12 +67,12 @@ def feed_batches(data, state: TrainState, groups: int) -> list[torch.Tensor]:
         feed.close()
 
 
-def test_the_feed_resamples_the_same_on_the_prefetch_thread_and_after_a_resume(models, encoded, monkeypatch):
-    dataset = SimpleNamespace(pair=lambda i: encoded[i], __len__=None)
-    lengths = [np.array([len(p[side]) for p in encoded]) for side in (0, 1)]
+def test_the_feed_resamples_the_same_on_the_prefetch_thread_and_after_a_resume(spm_models, spm_encoded, monkeypatch):
+    dataset = SimpleNamespace(pair=lambda i: spm_encoded[i], __len__=None)
+    lengths = [np.array([len(p[side]) for p in spm_encoded]) for side in (0, 1)]
     batches = TokenBatchSampler(*lengths, max_tokens=300, max_len=200, seed=3)
-    data = SimpleNamespace(dataset=dataset, sampler=batches, subwords=resegmenter(models))
-    plain = SimpleNamespace(dataset=dataset, sampler=batches, subwords=None)
+    data = SimpleNamespace(dataset=dataset, sampler=batches, subwords=resegmenter(spm_models), copies=None)
+    plain = SimpleNamespace(dataset=dataset, sampler=batches, subwords=None, copies=None)
     straight = feed_batches(data, TrainState(), 30)  # crosses an epoch boundary
     assert len(batches) < 30
     assert any(not torch.equal(a, b) for a, b in zip(straight, feed_batches(plain, TrainState(), 30), strict=True))

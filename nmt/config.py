@@ -191,10 +191,10 @@ class TrainConfig:
     # concatenation augmentation (nmt/batches/concat.py): this fraction of extra training pairs, each two
     # random pairs of the corpus joined (source after source, target after target), drawn once per run
     concat_pairs: float = 0.0
-    # copy examples made each epoch (nmt/batches/copy_spans.py): this share of the training pairs is
-    # looked at, and where both sides hold a masked span or an aligned name/number (汤姆/Tom, 三/three)
-    # it becomes a made-up name or number on both sides, raw: the model learns to copy what exported
-    # runtimes (no pass-through masks) hand it; e.g. 0.5
+    # copy examples (nmt/batches/copy_spans.py), made once per run: each training pair that holds on both
+    # sides a masked span or an aligned name/number (汤姆/Tom, 三/three) gives this many copies on
+    # average, with a made-up name or number in its place, raw on both sides: the model learns to
+    # copy what exported runtimes (no pass-through masks) hand it; e.g. 1.0
     copy_spans: float = 0.0
     clip_norm: float = 1.0  # 0 disables clipping
     max_len: int = 256  # pairs with a longer side (in pieces) are skipped
@@ -450,7 +450,7 @@ def _check_train(t: TrainConfig, m: ModelConfig, need: Need) -> None:
     need(0.0 <= t.concat_pairs <= 1.0, "train.concat_pairs", f"{t.concat_pairs} is outside [0, 1] (0 = off)")
     need(0.0 <= t.ema_decay < 1.0, "train.ema_decay", f"{t.ema_decay} is outside [0, 1) (0 = off)")
     need(0.0 <= t.subword_alpha <= 1.0, "train.subword_alpha", f"{t.subword_alpha} is outside [0, 1] (0 = off)")
-    need(0.0 <= t.copy_spans <= 1.0, "train.copy_spans", f"{t.copy_spans} is outside [0, 1] (0 = off)")
+    need(0.0 <= t.copy_spans <= 4.0, "train.copy_spans", f"{t.copy_spans} is outside [0, 4] (0 = off)")
     need(t.max_len >= 2, "train.max_len", "must be at least 2")
     need(
         t.max_len < m.max_positions,

@@ -1,30 +1,34 @@
-"""Copy examples made on the fly (``train.copy_spans``): training pairs in which a made-up name or
-number stands on both sides, raw, so that the model itself learns to copy what it cannot translate.
+"""Copy examples (``train.copy_spans``): training pairs in which a made-up name or number stands
+on both sides, raw, so that the model itself learns to copy what it cannot translate.
 
 Why: nmt's own runtimes hide names, numbers and URLs behind placeholders (`nmt.data.passthrough`),
 but an exported model (Argos, CTranslate2 without nmt, transformers) sees them raw. A corpus like
 Tatoeba holds few pairs with a span on both sides (about 1.3% of its training pairs), too few to
 learn copying from; it holds many with an *aligned word pair* instead: 汤姆/Tom, 玛丽/Mary, 三/three.
 
-What: each epoch, a seeded share of the training pairs is looked at (decoded to text); in those
-that hold, on both sides, the same placeholder ``⦅i⦆`` (a masked span) or exactly one word pair of
-`NAME_ANCHORS` / `NUMBER_ANCHORS`, every placeholder and one word pair are replaced by a new
-made-up span (a name-like Latin token for a name, digits for a number, either for a placeholder),
-the same text on both sides; the pair is encoded again (the best segmentation) as raw text is at
-translation time. "我有三只猫。" / "I have three cats." may become "我有47只猫。" / "I have 47 cats.",
-"汤姆在哪里？" / "Where is Tom?" "Kovemi在哪里？" / "Where is Kovemi?". Other pairs, and looked-at
-pairs without such a slot, stay as stored; so do pairs that would grow past ``train.max_len``
-or whose made-up span a vocabulary cannot spell (``<unk>``, no byte fallback).
+What: `CopiedPairs` wraps the training split like `nmt.batches.concat.ConcatenatedPairs`: window k
+keeps its pairs at their indices and is followed by its copy examples. A pair that holds, on both
+sides, the same placeholder ``⦅i⦆`` (a masked span) or exactly one word pair of `NAME_ANCHORS` /
+`NUMBER_ANCHORS` gives ``train.copy_spans`` copies on average (1.5: one each, and a second for a
+seeded half): every placeholder and one word pair replaced by a made-up span (a name-like Latin
+token for a name, digits for a number, either for a placeholder), the same text on both sides,
+encoded again (the best segmentation) as raw text is at translation time. "我有三只猫。" / "I have
+three cats." may give "我有47只猫。" / "I have 47 cats."; "汤姆在哪里？" / "Where is Tom?" gives
+"Kovemi在哪里？" / "Where is Kovemi?". The pair itself stays, so 汤姆 is still translated.
 
-Determinism: which pairs are looked at and what they get depend only on (train.seed, epoch, pair
-index), as in `nmt.batches.subword_sampling`: the same on the prefetching thread, on any rank
-and after a resume. Validation, test and decoding never see made-up pairs.
+The copies are made once, when training opens its data (every pair of the split that may give
+one is decoded: about a second for Tatoeba's 24k pairs, minutes at tens of millions), from
+(train.seed, window) alone: every epoch, rank and resumed run sees the same ones, and the batch
+sampler batches them by their own lengths (made as batches are read, a longer copy would pad its
+whole batch of similar lengths). A copy longer than ``train.max_len`` or holding ``<unk>`` (a
+vocabulary without byte fallback that cannot spell the made-up span) is not made. Validation,
+test and decoding read the split itself.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +36,6 @@ import sentencepiece as spm
 
 from nmt import UNK_ID
 from nmt.errors import NmtError
-
-Pair = tuple[Sequence[int], Sequence[int]]
 
 # (zh, en) word pairs a translation aligns one to one, frequent in everyday corpora (Tatoeba's
 # names above all); a made-up span replaces one such pair where each side holds its word once
@@ -46,6 +48,7 @@ NUMBER_ANCHORS = (
     ("两", "two"), ("三", "three"), ("四", "four"), ("五", "five"), ("六", "six"),
     ("七", "seven"), ("八", "eight"), ("九", "nine"), ("十", "ten"),
 )  # fmt: skip
+_SALT = 0xC0B1  # keeps the copies' draws apart from the sampler's and the joined pairs' (seed, window) streams
 _PLACEHOLDER = re.compile("⦅\\d+⦆")
 _CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
 
@@ -83,40 +86,94 @@ def made_up_number(rng: np.random.Generator) -> str:
     return f"{rng.integers(1, 100)},{rng.integers(0, 1000):03d}"
 
 
-class SpanCopier:
-    """Makes copy examples of training pairs (see the module docstring); it changes pieces, not
-    which pairs or batches are drawn (those are `nmt.batches.batching.WindowSampler`'s)."""
+@dataclass(frozen=True)
+class CopySettings:
+    """What `CopiedPairs` makes: `copies` per pair with an aligned slot (``train.copy_spans``), drawn
+    from `seed` (train.seed); `src_lang` ("zh" or "en") says which side holds the anchors' Chinese
+    word; copies longer than `max_len` pieces (``train.max_len``) are not made."""
 
-    def __init__(
-        self, src_model: Path, tgt_model: Path, *, src_lang: str, share: float, seed: int, max_len: int
-    ) -> None:
-        """`src_lang`: "zh" or "en", which side of the anchors the source is; `share`: the
-        probability that a pair is looked at in an epoch (`train.copy_spans`)."""
-        for path in (src_model, tgt_model):
+    copies: float
+    seed: int
+    src_lang: str
+    max_len: int
+
+
+class CopiedPairs:
+    """`dataset` (a `LengthWindows` with `pair(i)`) with copy examples after each window's own pairs
+    (see the module docstring).
+
+    Args:
+        dataset: the training split (`nmt.data.encoded.ParallelSplit` or alike).
+        models: the (source, target) SentencePiece model files.
+        settings: `CopySettings` (``train.copy_spans``, its seed, direction and length limit).
+    """
+
+    def __init__(self, dataset, models: tuple[Path, Path], settings: CopySettings) -> None:
+        for path in models:
             if not Path(path).is_file():
                 raise NmtError(f"train.copy_spans: {path}: SentencePiece model not found (run `nmt vocab`)")
-        self.sides = [spm.SentencePieceProcessor(model_file=str(p)) for p in (src_model, tgt_model)]
-        self.zh_side = 0 if src_lang == "zh" else 1
-        self.share, self.seed, self.max_len = share, seed, max_len
+        self.dataset, self.settings = dataset, settings
+        self.sides = [spm.SentencePieceProcessor(model_file=str(p)) for p in models]
+        self.base = np.asarray(dataset.window_bounds(), dtype=np.int64)  # (S+1,) the split's own bounds
+        self.made = [self._make(k) for k in range(len(self.base) - 1)]  # per window: [(src ids, tgt ids)]
+        counts = np.array([len(m) for m in self.made], dtype=np.int64)
+        self.bounds = np.concatenate(([0], np.cumsum(np.diff(self.base) + counts)))  # (S+1,)
 
-    def copy(self, indices: Sequence[int], pairs: Sequence[Pair], epoch: int) -> list[Pair]:
-        """`pairs` (the pairs of training indices `indices`), some made into copy examples."""
-        return [self._pair(int(i), p, epoch) for i, p in zip(indices, pairs, strict=True)]
+    def __len__(self) -> int:
+        return int(self.bounds[-1])
 
-    def _pair(self, index: int, pair: Pair, epoch: int) -> Pair:
-        rng = np.random.default_rng([self.seed, epoch, index, 0xC0B1])
-        if rng.random() >= self.share or any(UNK_ID in np.asarray(ids) for ids in pair):
-            return pair
+    @property
+    def copies(self) -> int:
+        """How many copy examples were made."""
+        return len(self) - int(self.base[-1])
+
+    def window_bounds(self) -> np.ndarray:
+        """(S+1,) int64: window k holds pairs bounds[k]:bounds[k+1], its own first."""
+        return self.bounds
+
+    def window_lengths(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source, target) pieces of window k's pairs, copies last (without BOS/EOS)."""
+        own = self.dataset.window_lengths(k)
+        made = [np.array([len(p[side]) for p in self.made[k]], dtype=own[side].dtype) for side in (0, 1)]
+        return np.concatenate((own[0], made[0])), np.concatenate((own[1], made[1]))
+
+    def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(src, tgt) ids of pair i, no BOS/EOS: a pair of the split, or a copy example."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"pair {i} out of range ({len(self)} with copy examples)")
+        k = int(np.searchsorted(self.bounds, i, side="right")) - 1
+        j = i - int(self.bounds[k])
+        own = int(self.base[k + 1] - self.base[k])
+        return self.dataset.pair(int(self.base[k]) + j) if j < own else self.made[k][j - own]
+
+    def _make(self, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Window k's copy examples, in the order of the pairs they come from."""
+        rng = np.random.default_rng((self.settings.seed, k, _SALT))
+        whole, part = divmod(self.settings.copies, 1.0)
+        out = []
+        for i in range(int(self.base[k]), int(self.base[k + 1])):
+            wanted = int(whole) + int(rng.random() < part)
+            if wanted:
+                out += self._copies(self.dataset.pair(i), wanted, rng)
+        return out
+
+    def _copies(self, pair: tuple[np.ndarray, np.ndarray], wanted: int, rng: np.random.Generator) -> list:
+        """Up to `wanted` copy examples of `pair` (none where it holds no aligned slot)."""
+        if any(UNK_ID in np.asarray(ids) for ids in pair):
+            return []
         texts = [sp.decode([int(t) for t in ids]) for sp, ids in zip(self.sides, pair, strict=True)]
-        zh, en = texts[self.zh_side], texts[1 - self.zh_side]
-        changed = fill_slots(zh, en, rng)
-        if changed is None:
-            return pair
-        texts = [changed[0], changed[1]] if self.zh_side == 0 else [changed[1], changed[0]]
-        encoded = [sp.encode(text, out_type=int) for sp, text in zip(self.sides, texts, strict=True)]
-        if any(len(ids) > self.max_len or UNK_ID in ids for ids in encoded):
-            return pair
-        return encoded[0], encoded[1]
+        zh_side = 0 if self.settings.src_lang == "zh" else 1
+        out = []
+        for _ in range(wanted):
+            filled = fill_slots(texts[zh_side], texts[1 - zh_side], rng)
+            if filled is None:
+                return []
+            made = [filled[0], filled[1]] if zh_side == 0 else [filled[1], filled[0]]
+            encoded = (sp.encode(text, out_type=int) for sp, text in zip(self.sides, made, strict=True))
+            ids = [np.asarray(x, dtype=np.int32) for x in encoded]
+            if all(len(x) <= self.settings.max_len and UNK_ID not in x for x in ids):
+                out.append((ids[0], ids[1]))
+        return out
 
 
 def fill_slots(zh: str, en: str, rng: np.random.Generator) -> tuple[str, str] | None:

@@ -46,7 +46,7 @@ from torch import nn
 
 from nmt.batches.batching import Batch, Prefetcher, WindowSampler, collate, load_batch
 from nmt.batches.concat import ConcatenatedPairs
-from nmt.batches.copy_spans import SpanCopier
+from nmt.batches.copy_spans import CopiedPairs, CopySettings
 from nmt.batches.subword_sampling import Resegmenter
 from nmt.config import Config
 from nmt.data.vocab import check_vocab_copied
@@ -155,22 +155,12 @@ class BatchFeed:
 
 
 def _loader(data: TrainData) -> Callable[[np.ndarray, int], Batch]:
-    """load(indices, epoch): one training batch; where ``train.copy_spans`` is on, some of its pairs
-    made into copy examples (`TrainData.copies`), then, where ``train.subword_alpha`` is on, its
-    pairs resampled into pieces (`TrainData.subwords`); both seeded by epoch and pair."""
-    dataset, copies, subwords = data.dataset, data.copies, data.subwords
-    if copies is None and subwords is None:
+    """load(indices, epoch): one training batch, its pairs resampled into pieces where
+    ``train.subword_alpha`` is on (`TrainData.subwords`, seeded by epoch and pair)."""
+    dataset, subwords = data.dataset, data.subwords
+    if subwords is None:
         return lambda idx, epoch: load_batch(dataset, idx)
-
-    def load(idx: np.ndarray, epoch: int) -> Batch:
-        pairs = [dataset.pair(int(i)) for i in idx]
-        if copies is not None:
-            pairs = copies.copy(idx, pairs, epoch)
-        if subwords is not None:
-            pairs = subwords.resegment(idx, pairs, epoch)
-        return collate(pairs)
-
-    return load
+    return lambda idx, epoch: collate(subwords.resegment(idx, [dataset.pair(int(i)) for i in idx], epoch))
 
 
 def _groups(
@@ -194,22 +184,26 @@ class TrainData:
     tgt_tok: Any
     validator: Validator | None
     subwords: Resegmenter | None = None  # train.subword_alpha's resampling of the training pairs
-    copies: SpanCopier | None = None  # train.copy_spans's copy examples
+    copies: int = 0  # copy examples among the training pairs (train.copy_spans)
 
     @classmethod
     def open(cls, config: Config, run_dir: Path, device: torch.device, info: DistInfo, precision: str) -> TrainData:
         """`precision`: training's, resolved (`nmt.hw.device.training_precision`), for the validator."""
         from nmt.data.encoded import ParallelSplit
 
-        t = config.train
+        t, run = config.train, RunDir(run_dir)
         dataset = ParallelSplit.open(run_dir, "train", config)
+        models = (run.vocab_model(config.data.src_lang), run.vocab_model(config.data.tgt_lang))
+        copies = 0
+        if t.copy_spans > 0:
+            dataset = CopiedPairs(dataset, models, CopySettings(t.copy_spans, t.seed, config.data.src_lang, t.max_len))
+            copies = dataset.copies
         if t.concat_pairs > 0:
             dataset = ConcatenatedPairs(dataset, t.concat_pairs, t.seed)
         sampler = WindowSampler(
             dataset, t.max_tokens, t.max_len, seed=t.seed, rank=info.rank, world_size=info.world_size
         )
         src_tok = tgt_tok = validator = None
-        run = RunDir(run_dir)
         if run.vocab.is_dir():
             from nmt.data.tokenizer import load_tokenizers
 
@@ -217,13 +211,9 @@ class TrainData:
         if info.is_main:
             valid = ParallelSplit.open(run_dir, "valid", config)
             validator = Validator(config, run_dir, valid, device, tgt_tok, precision=precision)
-        subwords = copies = None
-        models = [run.vocab_model(lang) for lang in (config.data.src_lang, config.data.tgt_lang)]
+        subwords = None
         if t.subword_alpha > 0:
             subwords = Resegmenter(*models, alpha=t.subword_alpha, seed=t.seed, max_len=t.max_len)
-        if t.copy_spans > 0:
-            settings = {"src_lang": config.data.src_lang, "share": t.copy_spans, "seed": t.seed, "max_len": t.max_len}
-            copies = SpanCopier(*models, **settings)
         return cls(dataset, sampler, src_tok, tgt_tok, validator, subwords, copies)
 
     def vocab_sizes(self, config: Config) -> tuple[int, int]:
@@ -237,6 +227,7 @@ class TrainData:
             f"data: {s.kept} pairs in {s.total} batches ({len(s)} per rank per epoch, "
             f"{len(s.counts)} window(s)), "
             f"{s.skipped} skipped (> train.max_len), padding waste {s.padding_waste:.1%}"
+            + (f"; {self.copies} of the pairs are copy examples (train.copy_spans)" if self.copies else "")
         )
 
 

@@ -38,7 +38,7 @@ def train_data(n: int = 120) -> SimpleNamespace:
     """What `BatchFeed` needs of `TrainData`: the dataset and its sampler (a dozen or more batches)."""
     dataset = Pairs(n)
     sampler = TokenBatchSampler(dataset.src_lengths, dataset.tgt_lengths, max_tokens=60, max_len=20, seed=3)
-    return SimpleNamespace(dataset=dataset, sampler=sampler, subwords=None, copies=None)
+    return SimpleNamespace(dataset=dataset, sampler=sampler, subwords=None)
 
 
 def feed_run(data, state: TrainState, groups: int, k: int) -> list[tuple[list, tuple[int, int]]]:

@@ -1,6 +1,6 @@
-"""Copy examples made on the fly (`train.copy_spans`, `nmt.batches.copy_spans`): an aligned name,
-number or placeholder becomes the same made-up span on both sides, raw; the same for the same
-(seed, epoch, pair) on any thread and after a resume; other pairs stay as stored."""
+"""Copy examples (`train.copy_spans`, `nmt.batches.copy_spans`): an aligned name, number or
+placeholder becomes the same made-up span on both sides, raw, in extra pairs after each window's
+own; the same for the same seed; the split's own pairs stay as stored."""
 
 from __future__ import annotations
 
@@ -11,16 +11,13 @@ import pytest
 import sentencepiece as spm
 import torch
 from conftest import SPM_PAIRS
-from test_subword_sampling import feed_batches
 
 from nmt import UNK_ID
-from nmt.batches.batching import TokenBatchSampler
-from nmt.batches.copy_spans import SpanCopier, fill_slots, made_up_name, made_up_number
+from nmt.batches.copy_spans import CopiedPairs, CopySettings, fill_slots, made_up_name, made_up_number
 from nmt.config import PASSTHROUGH_KINDS
 from nmt.data.passthrough import Detector
 from nmt.errors import NmtError
 from nmt.train import loop
-from nmt.train.update import TrainState
 
 DETECT = Detector(PASSTHROUGH_KINDS)
 
@@ -80,113 +77,127 @@ def test_a_pair_without_an_aligned_slot_is_left_alone(zh, en):
     assert fill_slots(zh, en, np.random.default_rng(0)) is None
 
 
-def copier(spm_models, share: float = 1.0, seed: int = 1, max_len: int = 200, src_lang: str = "zh") -> SpanCopier:
-    return SpanCopier(*spm_models, src_lang=src_lang, share=share, seed=seed, max_len=max_len)
+class Split:
+    """A split of stored pairs in windows of 100, as `nmt.data.encoded.ParallelSplit` serves them."""
+
+    def __init__(self, pairs) -> None:
+        self.pairs, self.bounds = pairs, np.unique(np.r_[np.arange(0, len(pairs), 100), len(pairs)])
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def window_bounds(self) -> np.ndarray:
+        return self.bounds
+
+    def window_lengths(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        window = self.pairs[self.bounds[k] : self.bounds[k + 1]]
+        return tuple(np.array([len(p[side]) for p in window], dtype=np.int64) for side in (0, 1))
+
+    def pair(self, i: int):
+        return self.pairs[i]
 
 
-def decoded(spm_models, pairs) -> list[tuple[str, str]]:
+def copied(spm_models, pairs, copies: float = 1.0, seed: int = 1, max_len: int = 200, src_lang: str = "zh"):
+    return CopiedPairs(Split(pairs), tuple(spm_models), CopySettings(copies, seed, src_lang, max_len))
+
+
+def texts(spm_models, pairs) -> list[tuple[str, str]]:
     sps = [spm.SentencePieceProcessor(model_file=str(m)) for m in spm_models]
     return [(sps[0].decode(list(map(int, s))), sps[1].decode(list(map(int, t)))) for s, t in pairs]
-
-
-def test_the_copier_changes_the_pairs_with_a_slot_and_leaves_the_rest_as_stored(spm_models, spm_encoded):
-    idx = range(200)
-    out = copier(spm_models).copy(idx, spm_encoded[:200], epoch=0)
-    changed = [i for i in idx if out[i] is not spm_encoded[i]]
-    eligible = [i for i in idx if fill_slots(*SPM_PAIRS[i], np.random.default_rng(0)) is not None]
-    assert changed == eligible and len(changed) > 20
-    for i, (zh, en) in zip(changed, decoded(spm_models, [out[i] for i in changed]), strict=True):
-        assert zh != SPM_PAIRS[i][0] and spans(zh)  # raw spans, copied:
-        assert {s for s, _ in spans(zh)} <= {s for s, _ in spans(en)}
-    none = copier(spm_models, share=0.0).copy(idx, spm_encoded[:200], epoch=0)
-    assert all(a is b for a, b in zip(none, spm_encoded[:200], strict=True))
-    half = copier(spm_models, share=0.5).copy(idx, spm_encoded[:200], epoch=0)
-    assert 0.3 < sum(a is not b for a, b in zip(half, spm_encoded[:200], strict=True)) / len(changed) < 0.7
 
 
 def ids(pairs) -> list[tuple[list[int], list[int]]]:
     return [(list(map(int, a)), list(map(int, b))) for a, b in pairs]
 
 
+def with_slot(pairs) -> list[int]:
+    return [i for i, p in enumerate(pairs) if fill_slots(*p, np.random.default_rng(0)) is not None]
+
+
+def test_each_pair_with_a_slot_gives_copies_after_its_window(spm_models, spm_encoded):
+    data = copied(spm_models, spm_encoded[:200])
+    slots = with_slot(SPM_PAIRS[:200])
+    assert data.copies == len(slots) > 20 and len(data) == 200 + data.copies
+    assert ids(data.pair(i) for i in range(100)) == ids(spm_encoded[:100])  # own pairs first, in place
+    first = int(data.window_bounds()[1])
+    assert first == 100 + sum(i < 100 for i in slots)
+    made = texts(spm_models, [data.pair(i) for i in range(100, first)])
+    for (zh, en), i in zip(made, [i for i in slots if i < 100], strict=True):  # in the order of their pairs
+        assert zh != SPM_PAIRS[i][0] and spans(zh)  # a made-up span, raw,
+        assert {s for s, _ in spans(zh)} <= {s for s, _ in spans(en)}  # copied on the other side
+    lengths = data.window_lengths(0)
+    assert [list(x) for x in lengths] == [[len(data.pair(i)[side]) for i in range(first)] for side in (0, 1)]
+    with pytest.raises(IndexError):
+        data.pair(len(data))
+
+
+def test_the_number_of_copies_per_pair(spm_models, spm_encoded):
+    slots = len(with_slot(SPM_PAIRS[:200]))
+    assert copied(spm_models, spm_encoded[:200], copies=2.0).copies == 2 * slots
+    half = copied(spm_models, spm_encoded[:200], copies=0.5).copies
+    assert 0.3 * slots < half < 0.7 * slots
+    two = texts(spm_models, [copied(spm_models, spm_encoded[:100], copies=2.0).pair(i) for i in range(100, 102)])
+    assert two[0] != two[1]  # two copies of one pair hold different made-up spans
+
+
 def test_the_source_side_follows_the_direction(spm_models, spm_encoded):
     """en→zh: the anchors' zh word is looked for in the target; the copies are the same."""
-    reverse = SpanCopier(*spm_models[::-1], src_lang="en", share=1.0, seed=1, max_len=200)
-    out = reverse.copy(range(50), [(t, s) for s, t in spm_encoded[:50]], epoch=0)
-    forward = copier(spm_models).copy(range(50), spm_encoded[:50], epoch=0)
-    assert ids((t, s) for s, t in out) == ids(forward) != ids(spm_encoded[:50])
+    flipped = [(t, s) for s, t in spm_encoded[:100]]
+    reverse = CopiedPairs(Split(flipped), tuple(spm_models[::-1]), CopySettings(1.0, 1, "en", 200))
+    forward = copied(spm_models, spm_encoded[:100])
+    assert reverse.copies == forward.copies > 0
+    assert ids((t, s) for s, t in (reverse.pair(i) for i in range(len(reverse)))) == ids(
+        forward.pair(i) for i in range(len(forward))
+    )
 
 
-def test_the_copies_depend_on_seed_epoch_and_pair_only(spm_models, spm_encoded):
-    idx, batch = [7, 8, 9, 10, 11, 12], spm_encoded[7:13]
-    a = copier(spm_models).copy(idx, batch, epoch=3)
-    copier(spm_models).copy([1, 2], spm_encoded[1:3], epoch=0)  # other draws in between change nothing
-    assert copier(spm_models).copy(idx, batch, epoch=3) == a
-    assert copier(spm_models).copy(idx[::-1], batch[::-1], epoch=3) == a[::-1]  # per pair, not per call
-    assert copier(spm_models).copy(idx, batch, epoch=4) != a
-    assert copier(spm_models, seed=2).copy(idx, batch, epoch=3) != a
+def test_the_copies_depend_on_the_seed_only(spm_models, spm_encoded):
+    def made(seed: int) -> list:
+        data = copied(spm_models, spm_encoded[:200], seed=seed)
+        return ids(data.pair(i) for i in range(len(data)))
+
+    assert made(1) == made(1) != made(2)
 
 
-def test_pairs_grown_past_max_len_or_holding_unk_stay_as_stored(spm_models, spm_encoded):
-    idx = range(100)
-    eligible = [i for i in idx if fill_slots(*SPM_PAIRS[i], np.random.default_rng(0)) is not None]
-    limit = max(max(len(a), len(b)) for a, b in (spm_encoded[i] for i in eligible))
-    out = copier(spm_models, max_len=limit).copy(idx, spm_encoded[:100], epoch=0)
-    grown = [o for o, e in zip(out, spm_encoded, strict=False) if o is not e]
-    assert all(max(len(a), len(b)) <= limit for a, b in grown)
-    assert any(out[i] is spm_encoded[i] for i in eligible)  # some grew past the limit
-    s, t = spm_encoded[eligible[0]]
-    with_unk = (s, np.concatenate([t, [UNK_ID]]))
-    assert copier(spm_models).copy([0], [with_unk], epoch=0)[0] is with_unk
+def test_copies_past_max_len_or_with_unk_are_not_made(spm_models, spm_encoded):
+    slots = with_slot(SPM_PAIRS[:100])
+    limit = max(max(len(a), len(b)) for a, b in (spm_encoded[i] for i in slots))
+    data = copied(spm_models, spm_encoded[:100], max_len=limit)
+    assert 0 < data.copies < len(slots)  # some grew past the limit
+    assert all(max(len(a), len(b)) <= limit for a, b in (data.pair(i) for i in range(100, len(data))))
+    s, t = spm_encoded[slots[0]]
+    unk = [(s, np.concatenate([t, [UNK_ID]]))]
+    assert copied(spm_models, unk).copies == 0 and copied(spm_models, spm_encoded[slots[0] : slots[0] + 1]).copies == 1
 
 
 def test_missing_models_are_a_one_line_error(spm_models, tmp_path):
     with pytest.raises(NmtError, match=r"train.copy_spans: .*missing.model: SentencePiece model not found"):
-        SpanCopier(spm_models[0], tmp_path / "missing.model", src_lang="zh", share=0.5, seed=1, max_len=100)
-
-
-def test_the_feed_copies_the_same_on_the_prefetch_thread_and_after_a_resume(spm_models, spm_encoded, monkeypatch):
-    dataset = SimpleNamespace(pair=lambda i: spm_encoded[i], __len__=None)
-    lengths = [np.array([len(p[side]) for p in spm_encoded]) for side in (0, 1)]
-    batches = TokenBatchSampler(*lengths, max_tokens=300, max_len=200, seed=3)
-    data = SimpleNamespace(dataset=dataset, sampler=batches, subwords=None, copies=copier(spm_models, share=0.5))
-    plain = SimpleNamespace(dataset=dataset, sampler=batches, subwords=None, copies=None)
-    straight = feed_batches(data, TrainState(), 30)  # crosses an epoch boundary
-    assert len(batches) < 30
-    assert any(not torch.equal(a, b) for a, b in zip(straight, feed_batches(plain, TrainState(), 30), strict=True))
-    mid = TrainState()
-    feed_batches(data, mid, 11)
-    resumed = feed_batches(data, TrainState(epoch=mid.epoch, batch_in_epoch=mid.batch_in_epoch), 18)
-    assert all(torch.equal(a, b) for a, b in zip(resumed[:-1], straight[12:30], strict=True))
-    monkeypatch.setattr(loop, "PREFETCH_DEVICES", ("cpu",))
-    ahead = feed_batches(data, TrainState(), 30)
-    assert all(torch.equal(a, b) for a, b in zip(ahead, straight, strict=True))
+        CopiedPairs(Split([]), (spm_models[0], tmp_path / "missing.model"), CopySettings(1.0, 1, "zh", 100))
 
 
 @pytest.mark.slow
 def test_a_run_with_copy_spans_trains_on_copies(tiny_run):
-    """TrainData of a real run's data and vocabularies: with train.copy_spans the training batches
-    hold made-up names and numbers (digits where the stored pairs say "seven"); without, the stored
-    pieces."""
+    """TrainData of a real run's data and vocabularies: with train.copy_spans the sampler batches
+    the split's pairs and the copies (digits where the stored pairs say "seven"), joined pairs too;
+    without, the split alone."""
     from conftest import ROOT, TINY_LEARNS
 
     from nmt.config import load_config
-    from nmt.data.tokenizer import load_tokenizers
 
     info = SimpleNamespace(rank=0, world_size=1, is_main=False)
 
-    def targets(share: float) -> list[str]:
-        config = load_config(ROOT / "configs" / "tiny.yaml", [*TINY_LEARNS, f"train.copy_spans={share}"])
-        data = loop.TrainData.open(config, tiny_run, torch.device("cpu"), info, "fp32")
-        assert (data.copies is None) == (share == 0)
-        _, en = load_tokenizers(tiny_run, config)
-        feed, state = loop.BatchFeed(data, 1, TrainState(), torch.device("cpu")), TrainState()
-        try:
-            batches = [feed.next(state)[0] for _ in range(10)]
-        finally:
-            feed.close()
-        return [en.decode(ids.tolist()) for b in batches for ids in b.tgt_out]
+    def data(*overrides: str):
+        config = load_config(ROOT / "configs" / "tiny.yaml", [*TINY_LEARNS, *overrides])
+        return loop.TrainData.open(config, tiny_run, torch.device("cpu"), info, "fp32")
 
-    plain, copied = targets(0.0), targets(1.0)
-    changed = [(p, c) for p, c in zip(plain, copied, strict=True) if p != c]
-    assert len(changed) > len(plain) // 20
-    assert all(any(ch.isdigit() for ch in c) or any(ch.isupper() for ch in c[1:]) for _, c in changed)
+    plain, copies = data(), data("train.copy_spans=1.0")
+    assert plain.copies == 0 and copies.copies > len(plain.dataset) // 20
+    assert copies.sampler.kept == plain.sampler.kept + copies.copies
+    assert "copy examples" in copies.describe() and "copy examples" not in plain.describe()
+    made = [
+        copies.tgt_tok.decode(list(map(int, copies.dataset.pair(i)[1])))
+        for i in range(len(plain.dataset), len(copies.dataset))
+    ]
+    assert all(any(ch.isdigit() for ch in m) or any(ch.isupper() for ch in m[1:]) for m in made)
+    joined = data("train.copy_spans=1.0", "train.concat_pairs=0.25")
+    assert len(joined.dataset) == len(copies.dataset) + int(len(copies.dataset) * 0.25)

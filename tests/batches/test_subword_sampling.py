@@ -71,8 +71,8 @@ def test_the_feed_resamples_the_same_on_the_prefetch_thread_and_after_a_resume(s
     dataset = SimpleNamespace(pair=lambda i: spm_encoded[i], __len__=None)
     lengths = [np.array([len(p[side]) for p in spm_encoded]) for side in (0, 1)]
     batches = TokenBatchSampler(*lengths, max_tokens=300, max_len=200, seed=3)
-    data = SimpleNamespace(dataset=dataset, sampler=batches, subwords=resegmenter(spm_models), copies=None)
-    plain = SimpleNamespace(dataset=dataset, sampler=batches, subwords=None, copies=None)
+    data = SimpleNamespace(dataset=dataset, sampler=batches, subwords=resegmenter(spm_models))
+    plain = SimpleNamespace(dataset=dataset, sampler=batches, subwords=None)
     straight = feed_batches(data, TrainState(), 30)  # crosses an epoch boundary
     assert len(batches) < 30
     assert any(not torch.equal(a, b) for a, b in zip(straight, feed_batches(plain, TrainState(), 30), strict=True))

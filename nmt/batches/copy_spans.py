@@ -50,38 +50,50 @@ NUMBER_ANCHORS = (
 )  # fmt: skip
 _SALT = 0xC0B1  # keeps the copies' draws apart from the sampler's and the joined pairs' (seed, window) streams
 _PLACEHOLDER = re.compile("⦅\\d+⦆")
-_CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+_ONSETS = ("", "", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z",
+           "br", "ch", "cl", "dr", "fr", "gr", "kr", "pl", "sh", "st", "th", "tr")  # fmt: skip
+_NUCLEI = ("a", "e", "i", "o", "u", "y", "ai", "ea", "ie", "oo", "ou")
+_CODAS = ("", "", "", "n", "r", "s", "l", "t", "m", "ck", "nd", "rt", "ll", "x", "b", "ng")
 
 
 def made_up_name(rng: np.random.Generator) -> str:
-    """A Latin token a model cannot have learnt to translate: a name ("Kovemi"), an acronym
-    ("QTX"), a brand ("iDavo") or letters with digits ("K7", "ZR-450")."""
+    """A Latin token a model cannot have learnt to translate: a name ("Brandel", "Oskit"), random
+    letters ("Qxvt"), an acronym ("QTX"), a brand ("iDavon") or letters with digits ("K7", "ZR-450").
+    Varied on purpose: names of one shape only (consonant-vowel syllables) taught a model to bend
+    real names into that shape ("Bob" → "Bobo")."""
     kind = rng.random()
-    if kind < 0.6:  # a name of 2-3 syllables
-        return _syllables(rng, int(rng.integers(2, 4))).capitalize()
+    if kind < 0.5:  # a name of 1-3 syllables with onsets, vowels and codas of English names
+        return _syllables(rng, int(rng.integers(1, 4))).capitalize()
+    if kind < 0.65:  # letters at random, capitalised or not
+        word = "".join(rng.choice(list(_LETTERS), size=int(rng.integers(2, 9))))
+        return word.capitalize() if rng.random() < 0.7 else word
     if kind < 0.8:  # an acronym
-        return "".join(rng.choice(list("ABCDEFGHIKLMNPRSTVXZ"), size=int(rng.integers(2, 5))))
+        return "".join(rng.choice(list(_LETTERS.upper()), size=int(rng.integers(2, 6))))
     if kind < 0.9:  # a brand written in mixed case
-        return rng.choice(list("ei")) + _syllables(rng, 2).capitalize()
-    letters = "".join(rng.choice(list("ABCDEGHKMRSTXZ"), size=int(rng.integers(1, 3))))
+        return rng.choice(list("eiy")) + _syllables(rng, int(rng.integers(1, 3))).capitalize()
+    letters = "".join(rng.choice(list(_LETTERS.upper()), size=int(rng.integers(1, 4))))
     return f"{letters}{'-' if rng.random() < 0.3 else ''}{rng.integers(1, 1000)}"
 
 
 def _syllables(rng: np.random.Generator, n: int) -> str:
-    """`n` consonant-vowel syllables: "kove", "mizaru"."""
-    return "".join(rng.choice(list(_CONSONANTS)) + rng.choice(list(_VOWELS)) for _ in range(n))
+    """`n` syllables of an onset, a vowel and a coda, each possibly empty: "bran", "del", "os"."""
+    parts = (_ONSETS, _NUCLEI, _CODAS)
+    return "".join(str(rng.choice(part)) for _ in range(n) for part in parts)
 
 
 def made_up_number(rng: np.random.Generator) -> str:
     """Digits as a text writes them: "7", "48", "1987", "3.5", "45%", "12,000"."""
     kind = rng.random()
-    if kind < 0.45:
-        return str(rng.integers(2, 100))
-    if kind < 0.7:
+    if kind < 0.25:
+        return str(rng.integers(0, 10))
+    if kind < 0.5:
+        return str(rng.integers(10, 100))
+    if kind < 0.75:
         return str(rng.integers(100, 2100))
-    if kind < 0.8:
+    if kind < 0.83:
         return f"{rng.integers(0, 100)}.{rng.integers(1, 10)}"
-    if kind < 0.9:
+    if kind < 0.91:
         return f"{rng.integers(1, 100)}%"
     return f"{rng.integers(1, 100)},{rng.integers(0, 1000):03d}"
 

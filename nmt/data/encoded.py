@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
 import numpy as np
 import sentencepiece as spm
@@ -233,29 +233,21 @@ class TextSide:
     model: Path
 
 
-class PairPrep(Protocol):
-    """What a chunk of pairs becomes before encoding (`nmt.data.passthrough.PairPrep`)."""
-
-    def lines(self, src: list[str], tgt: list[str]) -> tuple[list[str], list[str], int]:
-        """(sources, targets, how many pairs were changed)."""
-        ...
-
-
+PairPrep = Callable[[str, str], tuple[str, str, bool]]  # (src, tgt) → (src, tgt, changed): nmt.data.passthrough
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(models: tuple[str, str], prepare: PairPrep | None, dtypes: tuple[np.dtype, np.dtype]) -> None:
+def _init_worker(models: tuple[str, str], prepare: PairPrep | None) -> None:
     _WORKER["sp"] = [spm.SentencePieceProcessor(model_file=m) for m in models]
-    _WORKER["prepare"], _WORKER["dtypes"] = prepare, dtypes
+    _WORKER["prepare"] = prepare
 
 
-def _ids(sp: spm.SentencePieceProcessor, lines: list[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """(flat ids in the shard's token dtype, int64 lengths) of `lines`; one SentencePiece thread
-    (the parallelism is the worker processes). Converted here, in the worker, the ids cross to the
-    parent at their stored size."""
+def _ids(sp: spm.SentencePieceProcessor, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(flat int32 ids, int64 lengths) of `lines`; one SentencePiece thread (the parallelism is
+    the worker processes)."""
     pieces = sp.encode(lines, out_type=int, num_threads=1)
     lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
-    flat = np.fromiter(itertools.chain.from_iterable(pieces), dtype=dtype, count=int(lengths.sum()))
+    flat = np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int32, count=int(lengths.sum()))
     return flat, lengths
 
 
@@ -266,9 +258,10 @@ def _encode_chunk(chunk: tuple[list[str], list[str]]) -> tuple[list[tuple[np.nda
     changed = 0
     prepare = _WORKER["prepare"]
     if prepare is not None:
-        src, tgt, changed = prepare.lines(src, tgt)
-    sides = zip(_WORKER["sp"], (src, tgt), _WORKER["dtypes"], strict=True)
-    return [_ids(sp, lines, dtype) for sp, lines, dtype in sides], changed
+        done = [prepare(s, t) for s, t in zip(src, tgt, strict=True)]
+        src, tgt = [d[0] for d in done], [d[1] for d in done]
+        changed = sum(d[2] for d in done)
+    return [_ids(sp, lines) for sp, lines in zip(_WORKER["sp"], (src, tgt), strict=True)], changed
 
 
 def _chunks(paths: tuple[Path, Path], size: int) -> Iterator[tuple[list[str], list[str]]]:
@@ -327,8 +320,7 @@ def encode_split(
         nonlocal changed
         chunks = _chunks((sides[0].text, sides[1].text), chunk_lines)
         models = (str(sides[0].model), str(sides[1].model))
-        dtypes = (token_dtype(vocab[sides[0].lang]), token_dtype(vocab[sides[1].lang]))
-        for _, (encoded, n) in map_ordered(_encode_chunk, chunks, workers, _init_worker, (models, prepare, dtypes)):
+        for _, (encoded, n) in map_ordered(_encode_chunk, chunks, workers, _init_worker, (models, prepare)):
             changed += n
             if on_progress is not None:
                 on_progress(len(encoded[0][1]))

@@ -64,7 +64,6 @@ _RULES = {
 }
 _URL_TAIL = ".,;:!?)]}'\""
 _HAS_LETTER = re.compile(f"[{_L}]")
-_LINE_WITH_SPAN_CHAR = re.compile(f"^[^\\n]*?[{_L}0-9`][^\\n]*", re.MULTILINE)  # a line where `find` may match
 # in a Latin-script source (en→zh) the Latin tokens a translation copies: with a digit ("5G",
 # "COVID-19") or a capital after the first letter ("AI", "iPhone"); "Tom", "hello" are translated
 _COPIED = re.compile(r"\d|.[A-Z]")
@@ -101,22 +100,6 @@ class Detector:
     @classmethod
     def from_data(cls, data: DataConfig) -> Detector:
         return cls(data.passthrough, data.protected_terms if data.passthrough else (), data.src_lang != "zh")
-
-    def may_hold(self, lines: list[str]) -> list[int]:
-        """Indices of `lines` that may hold a span (every one with protected terms): one regex
-        scan of the joined lines, so a line without a Latin letter, digit or backtick costs no
-        Python step."""
-        if self.pattern is None:
-            return []
-        if self._can_hold is None:
-            return list(range(len(lines)))
-        text = "\n".join(lines)
-        out, line, pos = [], 0, 0
-        for m in _LINE_WITH_SPAN_CHAR.finditer(text):
-            line += text.count("\n", pos, m.start())
-            pos = m.start()
-            out.append(line)
-        return out
 
     def find(self, text: str) -> list[Span]:
         """Non-overlapping spans of `text`, left to right."""
@@ -285,21 +268,6 @@ class PairPrep:
 
     def __getstate__(self) -> dict:
         return {"data": self.data, "raw": self.raw, "_detector": None}
-
-    def lines(self, src: list[str], tgt: list[str]) -> tuple[list[str], list[str], int]:
-        """`__call__` over aligned lines: (sources, targets, how many pairs were masked). In train,
-        only the pairs whose source may hold a span (`Detector.may_hold`) are looked at: most
-        Chinese lines hold no Latin letter or digit, and they pass through without a Python call."""
-        if self.raw or not self.masks:
-            done = [self(s, t) for s, t in zip(src, tgt, strict=True)]
-            return [d[0] for d in done], [d[1] for d in done], sum(d[2] for d in done)
-        if self._detector is None:
-            self._detector = Detector.from_data(self.data)
-        src, tgt, changed = list(src), list(tgt), 0
-        for i in self._detector.may_hold(src):
-            src[i], tgt[i], masked = self(src[i], tgt[i])
-            changed += masked
-        return src, tgt, changed
 
     def __call__(self, src: str, tgt: str) -> tuple[str, str, bool]:
         """(source, target, whether a span was masked)."""

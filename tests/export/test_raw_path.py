@@ -166,33 +166,6 @@ def test_nmt_raw_path_keeps_spans_only_when_trained_unmasked(runs, nmt_greedy):
         assert_learned(f"raw-path/nmt_masked_{name}", scores[name]["masked"]["accuracy"], 0.9)
 
 
-@pytest.fixture(scope="module")
-@trains
-def copies_run(tmp_path_factory, span_mirror) -> Path:
-    """A third run on the same mirror: every span pair masked (`passthrough_unmasked` 0, as the
-    control), with copy examples (`train.copy_spans: 1`) as its only raw spans."""
-    config = load_config(ROOT / "configs" / "tiny.yaml", [*SPAN_LEARNS, "train.copy_spans=1.0"])
-    return _train(config, tmp_path_factory.mktemp("copies") / "run", span_mirror)
-
-
-@pytest.mark.learning
-def test_copy_examples_alone_teach_the_raw_path(copies_run, runs, nmt_greedy):
-    """The names and numbers a training pair holds stay masked; only made-up ones are shown raw
-    (`train.copy_spans`): the run keeps a clear majority of the test's held-out spans on the raw
-    path, far above the control, and its masked path is as good as before."""
-    from nmt.decode.translator import Translator
-
-    src, _ = _span_lines(copies_run)
-    raw = Translator.from_run(copies_run, engine="native", precision="fp32", passthrough=False).translate(src, beam=1)
-    masked = Translator.from_run(copies_run, engine="native", precision="fp32").translate(src, beam=1)
-    scores = {"raw": _score(copies_run, raw), "masked": _score(copies_run, masked)}
-    control = _score(runs["control"], nmt_greedy["control"]["raw"])
-    print({k: v["accuracy"] for k, v in scores.items()}, "control raw", control["accuracy"], file=sys.stderr)
-    assert_learned("raw-path/nmt_raw_copies", scores["raw"]["accuracy"], 0.5)
-    assert_learned("raw-path/nmt_raw_copies_margin_over_control", scores["raw"]["accuracy"] - control["accuracy"], 0.3)
-    assert_learned("raw-path/nmt_masked_copies", scores["masked"]["accuracy"], 0.9)
-
-
 @needs_argos
 @pytest.mark.learning
 def test_argos_package_keeps_spans_as_nmt_raw_path(runs, nmt_greedy, tmp_path_factory):

@@ -126,6 +126,7 @@ class CopiedPairs:
                 raise NmtError(f"train.copy_spans: {path}: SentencePiece model not found (run `nmt vocab`)")
         self.dataset, self.settings = dataset, settings
         self.sides = [spm.SentencePieceProcessor(model_file=str(p)) for p in models]
+        self.zh_side = 0 if settings.src_lang == "zh" else 1  # which of (source, target) is Chinese
         self.base = np.asarray(dataset.window_bounds(), dtype=np.int64)  # (S+1,) the split's own bounds
         self.made = [self._make(k) for k in range(len(self.base) - 1)]  # per window: [(src ids, tgt ids)]
         counts = np.array([len(m) for m in self.made], dtype=np.int64)
@@ -174,8 +175,7 @@ class CopiedPairs:
         if any(UNK_ID in np.asarray(ids) for ids in pair):
             return []
         texts = [sp.decode([int(t) for t in ids]) for sp, ids in zip(self.sides, pair, strict=True)]
-        zh_side = 0 if self.settings.src_lang == "zh" else 1
-        out = []
+        zh_side, out = self.zh_side, []
         for _ in range(wanted):
             filled = fill_slots(texts[zh_side], texts[1 - zh_side], rng)
             if filled is None:

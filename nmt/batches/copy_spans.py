@@ -180,30 +180,77 @@ class CopiedPairs:
             filled = fill_slots(texts[zh_side], texts[1 - zh_side], rng)
             if filled is None:
                 return []
-            made = [filled[0], filled[1]] if zh_side == 0 else [filled[1], filled[0]]
-            encoded = (sp.encode(text, out_type=int) for sp, text in zip(self.sides, made, strict=True))
+            zh, en, made_up = filled
+            src, tgt = (zh, en) if zh_side == 0 else (en, zh)
+            encoded = (self.sides[0].encode(src, out_type=int), spell_spans(self.sides[1], tgt, made_up))
             ids = [np.asarray(x, dtype=np.int32) for x in encoded]
             if all(len(x) <= self.settings.max_len and UNK_ID not in x for x in ids):
                 out.append((ids[0], ids[1]))
         return out
 
 
-def fill_slots(zh: str, en: str, rng: np.random.Generator) -> tuple[str, str] | None:
-    """(zh, en) with every placeholder held by both sides and one anchor word pair replaced by
-    made-up spans, the same text on both sides; None where the pair holds no such slot."""
+def fill_slots(zh: str, en: str, rng: np.random.Generator) -> tuple[str, str, list[str]] | None:
+    """(zh, en, the made-up spans) with every placeholder held by both sides and one anchor word
+    pair replaced by made-up spans, the same text on both sides; None where the pair holds no
+    such slot."""
     placeholders = sorted(set(_PLACEHOLDER.findall(zh)) & set(_PLACEHOLDER.findall(en)))
     anchors = [(z, e, made_up_name) for z, e in NAME_ANCHORS if _once(z, e, zh, en)]
     anchors += [(z, e, made_up_number) for z, e in NUMBER_ANCHORS if _once(z, e, zh, en)]
     if not placeholders and not anchors:
         return None
+    made = []
     for placeholder in placeholders:
-        span = (made_up_name if rng.random() < 0.5 else made_up_number)(rng)
-        zh, en = zh.replace(placeholder, span), en.replace(placeholder, span)
+        made.append((made_up_name if rng.random() < 0.5 else made_up_number)(rng))
+        zh, en = zh.replace(placeholder, made[-1]), en.replace(placeholder, made[-1])
     if anchors:
         z, e, make = anchors[int(rng.integers(len(anchors)))]
-        span = make(rng)
-        zh, en = zh.replace(z, span), _word(e).sub(span, en)
-    return zh, en
+        made.append(make(rng))
+        zh, en = zh.replace(z, made[-1]), _word(e).sub(made[-1], en)
+    return zh, en, made
+
+
+def spell_spans(sp: spm.SentencePieceProcessor, text: str, spans: list[str]) -> list[int]:
+    """`text` encoded by `sp` as usual, except that each word holding one of `spans` is spelled one
+    character per piece ("▁", "K", "o", "v", ...; bytes where `sp` lacks the character): the same
+    text once decoded, but a copy the model can learn character by character, aligned with the
+    source's letters and digits ("2005" as "▁20" "0" "5" taught a model to write "205").
+
+    Returns the usual encoding where the spelling would not decode to the same text (a character
+    neither in the vocabulary nor spelt by byte fallback)."""
+    usual = sp.encode(text, return_type="proto").pieces
+    taken = _span_bytes(text, spans)  # (n_bytes,) bool: the bytes of `text` inside a span
+    ids, run = [], []  # run: a piece and the zero-width pieces before it (the dummy "▁", leading bytes)
+    for piece in usual:
+        run.append(piece)
+        if piece.end > piece.begin:
+            ids += _spelled(sp, text, run) if taken[run[0].begin : piece.end].any() else [p.id for p in run]
+            run = []
+    ids += [p.id for p in run]
+    return ids if sp.decode(ids) == sp.decode([p.id for p in usual]) else [p.id for p in usual]
+
+
+def _span_bytes(text: str, spans: list[str]) -> np.ndarray:
+    """(len(text.encode()),) bool: True on the UTF-8 bytes of each whole-token occurrence of a span."""
+    taken = np.zeros(len(text.encode()), dtype=bool)
+    for span in set(spans):
+        for m in re.finditer(f"(?<![A-Za-z0-9]){re.escape(span)}(?![A-Za-z0-9])", text):
+            begin = len(text[: m.start()].encode())
+            taken[begin : begin + len(m.group().encode())] = True
+    return taken
+
+
+def _spelled(sp: spm.SentencePieceProcessor, text: str, run: list) -> list[int]:
+    """The pieces of `run` spelled one character per piece ("▁20" → "▁", "2", "0"); a character
+    missing from the vocabulary as its UTF-8 bytes ("<0xC3>", "<0x80>"), <unk> without them."""
+    surface = text.encode()[run[0].begin : run[-1].end].decode()
+    ids = [sp.piece_to_id("▁")] if run[0].piece.startswith("▁") and not surface.startswith(" ") else []
+    for char in surface:
+        one = sp.piece_to_id("▁" if char == " " else char)
+        if one == sp.unk_id():
+            ids += [sp.piece_to_id(f"<0x{b:02X}>") for b in char.encode()]
+        else:
+            ids.append(one)
+    return ids
 
 
 def _once(zh_word: str, en_word: str, zh: str, en: str) -> bool:

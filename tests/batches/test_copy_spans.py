@@ -13,7 +13,14 @@ import torch
 from conftest import SPM_PAIRS
 
 from nmt import UNK_ID
-from nmt.batches.copy_spans import CopiedPairs, CopySettings, fill_slots, made_up_name, made_up_number
+from nmt.batches.copy_spans import (
+    CopiedPairs,
+    CopySettings,
+    fill_slots,
+    made_up_name,
+    made_up_number,
+    spell_spans,
+)
 from nmt.config import PASSTHROUGH_KINDS
 from nmt.data.passthrough import Detector
 from nmt.errors import NmtError
@@ -50,16 +57,22 @@ def test_an_aligned_word_pair_becomes_one_span_on_both_sides(zh, en, kind):
     out = fill_slots(zh, en, np.random.default_rng(3))
     assert out is not None
     (span, found), *rest = spans(out[0])
-    assert not rest and found == kind and (span, kind) in spans(out[1])  # every English word is a latin token
+    assert (
+        not rest and found == kind and (span, kind) in spans(out[1]) and out[2] == [span]
+    )  # every English word is a latin token
     assert out[0].replace(span, "") == zh.replace("三", "").replace("汤姆", "")
     assert span in out[1] and "Tom" not in out[1] and "hree" not in out[1]
 
 
 def test_placeholders_on_both_sides_are_filled_and_one_anchor_of_several():
     pair = ("⦅0⦆和汤姆在⦅1⦆号，玛丽不在。", "⦅0⦆ and Tom are at ⦅1⦆; Mary is not.")
-    zh, en = fill_slots(*pair, np.random.default_rng(1))
+    zh, en, made = fill_slots(*pair, np.random.default_rng(1))
     assert "⦅" not in zh + en
-    assert len(spans(zh)) == 3 and {s for s, _ in spans(zh)} <= {s for s, _ in spans(en)}
+    assert (
+        len(spans(zh)) == 3
+        and {s for s, _ in spans(zh)} == set(made)
+        and {s for s, _ in spans(zh)} <= {s for s, _ in spans(en)}
+    )
     assert ("汤姆" in zh) != ("玛丽" in zh) and ("Tom" in en) != ("Mary" in en)  # one anchor replaced
 
 
@@ -75,6 +88,49 @@ def test_placeholders_on_both_sides_are_filled_and_one_anchor_of_several():
 )
 def test_a_pair_without_an_aligned_slot_is_left_alone(zh, en):
     assert fill_slots(zh, en, np.random.default_rng(0)) is None
+
+
+def pieces(sp: spm.SentencePieceProcessor, ids: list[int]) -> list[str]:
+    """Pieces as text, an ASCII byte piece as its character ("<0x51>" → "Q")."""
+    return [chr(int(p[3:5], 16)) if sp.is_byte(int(i)) else p for i, p in ((i, sp.id_to_piece(int(i))) for i in ids)]
+
+
+def holds_spelled(row: list[str], span: str) -> bool:
+    """`span` one character per piece somewhere in `row`."""
+    n = len(span)
+    return any(row[i : i + n] == list(span) for i in range(len(row) - n + 1))
+
+
+@pytest.mark.parametrize(
+    ("text", "made"),
+    [
+        ("His company was set up in 2005.", ["2005"]),
+        ("Qxvt and Kovemi met 12,000 people.", ["Qxvt", "12,000"]),
+        ("Tomas is here", ["Tomas"]),  # at the start: the dummy "▁" kept
+    ],
+)
+def test_spelled_spans_decode_to_the_same_text_one_character_per_piece(spm_models, text, made):
+    sp = spm.SentencePieceProcessor(model_file=str(spm_models[1]))
+    ids = spell_spans(sp, text, made)
+    row, usual = pieces(sp, ids), pieces(sp, sp.encode(text))
+    assert sp.decode(ids) == text and row != usual
+    assert all(holds_spelled(row, span) for span in made)
+    assert [p for p in row if len(p) > 2] == [
+        p for p in usual if len(p) > 2 and not any(c.isdigit() or c.isupper() for c in p)
+    ]  # other words as usual
+
+
+def test_a_span_the_vocabulary_cannot_spell_keeps_the_usual_encoding(tmp_path):
+    """Without byte fallback a character missing from the vocabulary would spell as <unk>: the text
+    is encoded as usual (the copy is then not made, as any with <unk>)."""
+    (tmp_path / "en.txt").write_text("\n".join(en for _, en in SPM_PAIRS) + "\n", encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(tmp_path / "en.txt"), model_prefix=str(tmp_path / "en"), vocab_size=300,
+        hard_vocab_limit=False, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2,
+    )  # fmt: skip
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "en.model"))
+    assert spell_spans(sp, "I met Ωmega here.", ["Ωmega"]) == sp.encode("I met Ωmega here.")
+    assert spell_spans(sp, "They meet at 12 birds.", ["birds"]) != sp.encode("They meet at 12 birds.")
 
 
 class Split:
@@ -125,6 +181,9 @@ def test_each_pair_with_a_slot_gives_copies_after_its_window(spm_models, spm_enc
     for (zh, en), i in zip(made, [i for i in slots if i < 100], strict=True):  # in the order of their pairs
         assert zh != SPM_PAIRS[i][0] and spans(zh)  # a made-up span, raw,
         assert {s for s, _ in spans(zh)} <= {s for s, _ in spans(en)}  # copied on the other side
+    target = spm.SentencePieceProcessor(model_file=str(spm_models[1]))
+    for i, (zh, _) in zip(range(100, first), made, strict=True):  # spelled on the target side only
+        assert all(holds_spelled(pieces(target, data.pair(i)[1]), s) for s, _ in spans(zh))
     lengths = data.window_lengths(0)
     assert [list(x) for x in lengths] == [[len(data.pair(i)[side]) for i in range(first)] for side in (0, 1)]
     with pytest.raises(IndexError):
@@ -146,9 +205,11 @@ def test_the_source_side_follows_the_direction(spm_models, spm_encoded):
     reverse = CopiedPairs(Split(flipped), tuple(spm_models[::-1]), CopySettings(1.0, 1, "en", 200))
     forward = copied(spm_models, spm_encoded[:100])
     assert reverse.copies == forward.copies > 0
-    assert ids((t, s) for s, t in (reverse.pair(i) for i in range(len(reverse)))) == ids(
-        forward.pair(i) for i in range(len(forward))
-    )
+    assert ids(reverse.pair(i)[::-1] for i in range(100)) == ids(forward.pair(i) for i in range(100))
+    made = range(100, len(forward))  # the same texts, each target side spelling its spans
+    assert texts(spm_models[::-1], [reverse.pair(i) for i in made]) == [
+        t[::-1] for t in texts(spm_models, [forward.pair(i) for i in made])
+    ]
 
 
 def test_the_copies_depend_on_the_seed_only(spm_models, spm_encoded):

@@ -11,8 +11,10 @@ keeps its pairs at their indices and is followed by its copy examples. A pair th
 sides, the same placeholder ``⦅i⦆`` (a masked span) or exactly one word pair of `NAME_ANCHORS` /
 `NUMBER_ANCHORS` gives ``train.copy_spans`` copies on average (1.5: one each, and a second for a
 seeded half): every placeholder and one word pair replaced by a made-up span (a name-like Latin
-token for a name, digits for a number, either for a placeholder), the same text on both sides,
-encoded again (the best segmentation) as raw text is at translation time. "我有三只猫。" / "I have
+token for a name, digits for a number, either for a placeholder), the same text on both sides.
+The source is encoded as raw text is at translation time (the best segmentation); the target
+spells each made-up span one character per piece (`spell_spans`), so that the model copies letter
+by letter, in step with the source (decoded, the pieces give the same text). "我有三只猫。" / "I have
 three cats." may give "我有47只猫。" / "I have 47 cats."; "汤姆在哪里？" / "Where is Tom?" gives
 "Kovemi在哪里？" / "Where is Kovemi?". The pair itself stays, so 汤姆 is still translated.
 
@@ -54,7 +56,7 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 _ONSETS = ("", "", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z",
            "br", "ch", "cl", "dr", "fr", "gr", "kr", "pl", "sh", "st", "th", "tr")  # fmt: skip
 _NUCLEI = ("a", "e", "i", "o", "u", "y", "ai", "ea", "ie", "oo", "ou")
-_CODAS = ("", "", "", "n", "r", "s", "l", "t", "m", "ck", "nd", "rt", "ll", "x", "b", "ng")
+_CODAS = ("", "", "", "n", "r", "s", "l", "t", "m", "ck", "nd", "rt", "ll", "x", "b", "ng", "nn", "ss", "tt")
 
 
 def made_up_name(rng: np.random.Generator) -> str:
@@ -83,17 +85,23 @@ def _syllables(rng: np.random.Generator, n: int) -> str:
 
 
 def made_up_number(rng: np.random.Generator) -> str:
-    """Digits as a text writes them: "7", "48", "1987", "3.5", "45%", "12,000"."""
+    """Digits as a text writes them: "7", "48", "305", "1987", "300", "3.5", "45%", "12,000". Years
+    and round numbers are drawn on purpose: a model copies a run of equal digits worst ("2005" →
+    "205", "300" → "30")."""
     kind = rng.random()
-    if kind < 0.25:
+    if kind < 0.2:
         return str(rng.integers(0, 10))
-    if kind < 0.5:
+    if kind < 0.35:
         return str(rng.integers(10, 100))
-    if kind < 0.75:
-        return str(rng.integers(100, 2100))
-    if kind < 0.83:
+    if kind < 0.5:
+        return str(rng.integers(100, 1000))
+    if kind < 0.65:  # a year
+        return str(rng.integers(1900, 2031))
+    if kind < 0.8:  # a round number: 20, 300, 5000, 60000
+        return f"{rng.integers(1, 10)}{'0' * int(rng.integers(1, 5))}"
+    if kind < 0.87:
         return f"{rng.integers(0, 100)}.{rng.integers(1, 10)}"
-    if kind < 0.91:
+    if kind < 0.94:
         return f"{rng.integers(1, 100)}%"
     return f"{rng.integers(1, 100)},{rng.integers(0, 1000):03d}"
 

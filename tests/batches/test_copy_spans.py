@@ -42,6 +42,7 @@ def test_made_up_spans_are_what_the_pass_through_score_counts():
     assert all(spans(f"他有{n}本书。") == [(n, "number")] for n in numbers)
     assert len(set(names)) > 250 and len(set(numbers)) > 150  # made up, not drawn from a short list
     assert any(n.isupper() for n in names) and any(any(c.isdigit() for c in n) for n in names)
+    assert sum("00" in n for n in numbers) > 30  # years and round numbers: runs of equal digits
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import numpy as np
 import sentencepiece as spm
@@ -233,21 +233,29 @@ class TextSide:
     model: Path
 
 
-PairPrep = Callable[[str, str], tuple[str, str, bool]]  # (src, tgt) → (src, tgt, changed): nmt.data.passthrough
+class PairPrep(Protocol):
+    """What a chunk of pairs becomes before encoding (`nmt.data.passthrough.PairPrep`)."""
+
+    def lines(self, src: list[str], tgt: list[str]) -> tuple[list[str], list[str], int]:
+        """(sources, targets, how many pairs were changed)."""
+        ...
+
+
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(models: tuple[str, str], prepare: PairPrep | None) -> None:
+def _init_worker(models: tuple[str, str], prepare: PairPrep | None, dtypes: tuple[np.dtype, np.dtype]) -> None:
     _WORKER["sp"] = [spm.SentencePieceProcessor(model_file=m) for m in models]
-    _WORKER["prepare"] = prepare
+    _WORKER["prepare"], _WORKER["dtypes"] = prepare, dtypes
 
 
-def _ids(sp: spm.SentencePieceProcessor, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(flat int32 ids, int64 lengths) of `lines`; one SentencePiece thread (the parallelism is
-    the worker processes)."""
+def _ids(sp: spm.SentencePieceProcessor, lines: list[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(flat ids in the shard's token dtype, int64 lengths) of `lines`; one SentencePiece thread
+    (the parallelism is the worker processes). Converted here, in the worker, the ids cross to the
+    parent at their stored size."""
     pieces = sp.encode(lines, out_type=int, num_threads=1)
     lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
-    flat = np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int32, count=int(lengths.sum()))
+    flat = np.fromiter(itertools.chain.from_iterable(pieces), dtype=dtype, count=int(lengths.sum()))
     return flat, lengths
 
 
@@ -258,10 +266,9 @@ def _encode_chunk(chunk: tuple[list[str], list[str]]) -> tuple[list[tuple[np.nda
     changed = 0
     prepare = _WORKER["prepare"]
     if prepare is not None:
-        done = [prepare(s, t) for s, t in zip(src, tgt, strict=True)]
-        src, tgt = [d[0] for d in done], [d[1] for d in done]
-        changed = sum(d[2] for d in done)
-    return [_ids(sp, lines) for sp, lines in zip(_WORKER["sp"], (src, tgt), strict=True)], changed
+        src, tgt, changed = prepare.lines(src, tgt)
+    sides = zip(_WORKER["sp"], (src, tgt), _WORKER["dtypes"], strict=True)
+    return [_ids(sp, lines, dtype) for sp, lines, dtype in sides], changed
 
 
 def _chunks(paths: tuple[Path, Path], size: int) -> Iterator[tuple[list[str], list[str]]]:
@@ -320,7 +327,8 @@ def encode_split(
         nonlocal changed
         chunks = _chunks((sides[0].text, sides[1].text), chunk_lines)
         models = (str(sides[0].model), str(sides[1].model))
-        for _, (encoded, n) in map_ordered(_encode_chunk, chunks, workers, _init_worker, (models, prepare)):
+        dtypes = (token_dtype(vocab[sides[0].lang]), token_dtype(vocab[sides[1].lang]))
+        for _, (encoded, n) in map_ordered(_encode_chunk, chunks, workers, _init_worker, (models, prepare, dtypes)):
             changed += n
             if on_progress is not None:
                 on_progress(len(encoded[0][1]))

@@ -164,14 +164,17 @@ def test_encoding_runs_one_sentencepiece_thread_per_worker(tmp_path, models, mon
     assert calls and set(calls) == {1}
 
 
-def _lower_target(src: str, tgt: str) -> tuple[str, str, bool]:
-    return src, tgt.lower(), tgt != tgt.lower()
+class _LowerTarget:
+    """A chunk preparation (`nmt.data.encoded.PairPrep`): targets lower-cased."""
+
+    def lines(self, src: list[str], tgt: list[str]) -> tuple[list[str], list[str], int]:
+        return src, [t.lower() for t in tgt], sum(t != t.lower() for t in tgt)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_pairs_are_prepared_before_encoding_in_the_workers(tmp_path, models, workers):
     texts = sides(tmp_path, models, zh=["第1个句子。", "第2个句子。"], en=["SENTENCE NUMBER 1", "sentence number 2"])
-    counts = encode_split(tmp_path / "bin", "valid", texts, 1, None, workers, chunk_lines=1, prepare=_lower_target)
+    counts = encode_split(tmp_path / "bin", "valid", texts, 1, None, workers, chunk_lines=1, prepare=_LowerTarget())
     sp = spm.SentencePieceProcessor(model_file=str(models["en"]))
     split = ParallelSplit.open(tmp_path, "valid", CONFIG)
     assert [split.pair(i)[1].tolist() for i in range(2)] == sp.encode(["sentence number 1", "sentence number 2"])

@@ -278,6 +278,31 @@ def test_text_without_latin_digits_or_backticks_holds_no_span_unless_a_term_is_p
     assert [(s.text, s.kind) for s in with_term.find("他在北京大学看书。")] == [("北京大学", "marked")]
 
 
+def test_may_hold_names_exactly_the_lines_a_span_rule_can_match():
+    lines = ["他在家里看书。", "我爱 AI", "", "今天来了1,000人。", "没有。", "用`ls`看看", "北京大学很大。", "3"]
+    assert ALL.may_hold(lines) == [1, 3, 5, 7]
+    assert ALL.may_hold(lines) == [i for i, line in enumerate(lines) if ALL.find(line)]
+    with_term = Detector(PASSTHROUGH_KINDS, terms=["北京大学"])
+    assert with_term.may_hold(lines) == list(range(len(lines)))  # a term may be any text
+    assert Detector([]).may_hold(lines) == [] and ALL.may_hold([]) == []
+
+
+@pytest.mark.parametrize("raw", [False, True])
+@pytest.mark.parametrize("data", [DataConfig(), DataConfig(passthrough_unmasked=0.5), DataConfig(passthrough=[])])
+def test_preparing_lines_is_preparing_each_pair(raw, data):
+    """`PairPrep.lines` (what the encoding workers call on a chunk) gives what `PairPrep` gives pair
+    by pair, for train (the lines without a span-rule character skipped) and valid/test (raw)."""
+    from nmt.data.passthrough import PairPrep
+
+    pairs = [(f"他{n}岁，住在{n}号。", f"He is {n} and lives at number {n}.") for n in range(300)]
+    pairs += [("他在家里看书。", "He reads at home."), ("我爱 AI", "I love AI"), ("全角ＡＩ和２０２４", "AI and 2024")]
+    prep = PairPrep(data, raw)
+    src, tgt, changed = prep.lines([p[0] for p in pairs], [p[1] for p in pairs])
+    one_by_one = [prep(*p) for p in pairs]
+    assert list(zip(src, tgt, strict=True)) == [d[:2] for d in one_by_one]
+    assert changed == sum(d[2] for d in one_by_one) and (changed > 0) == bool(data.passthrough)
+
+
 # --------------------------------------------------------------------------- unmasked training pairs
 
 

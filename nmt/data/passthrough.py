@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from nmt.config import PASSTHROUGH_KINDS, DataConfig
@@ -112,14 +112,18 @@ class Detector:
         search = self._can_hold.search
         return [i for i, line in enumerate(lines) if search(line)]
 
-    def find(self, text: str) -> list[Span]:
-        """Non-overlapping spans of `text`, left to right."""
+    def find(self, text: str, among: Collection[str] | None = None) -> list[Span]:
+        """Non-overlapping spans of `text`, left to right; with `among`, only those whose text is
+        one of it (the same spans, filtered: an English target, where every word is a Latin token,
+        is then scanned without a Python step a word)."""
         if self.pattern is None or (self._can_hold is not None and not self._can_hold.search(text)):
             return []
         spans = []
         for m in self.pattern.finditer(text):
+            if among is not None and m.lastgroup == "token" and m.group() not in among:
+                continue  # a token's span text is the match itself
             span = self._span(m)
-            if span is not None:
+            if span is not None and (among is None or span.text in among):
                 spans.append(span)
         return spans
 
@@ -176,8 +180,8 @@ def mask_pair(src: str, tgt: str, detector: Detector) -> tuple[Masked, str]:
     src_spans = detector.find(src)
     if not src_spans:  # most sources: nothing to share, and the target (every English word a match) is not scanned
         return Masked(src), tgt
-    tgt_spans = detector.find(tgt)
-    shared = {s.text for s in src_spans} & {s.text for s in tgt_spans}
+    tgt_spans = detector.find(tgt, among={s.text for s in src_spans})
+    shared = {s.text for s in tgt_spans}
     if not shared:
         return Masked(src), tgt
     m = mask(src, [s for s in src_spans if s.text in shared])

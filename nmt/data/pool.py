@@ -8,6 +8,7 @@ one pool they share.
 from __future__ import annotations
 
 import collections
+import gc
 import multiprocessing
 import signal
 from collections.abc import Callable, Iterable, Iterator
@@ -22,16 +23,23 @@ def map_ordered(
         initializer(*initargs)
         yield from ((item, fn(item)) for item in items)
         return
-    with multiprocessing.get_context().Pool(workers, _pool_worker, (initializer, *initargs)) as pool:
-        pending: collections.deque = collections.deque()
-        for item in items:
-            pending.append((item, pool.apply_async(fn, (item,))))
-            if len(pending) >= 2 * workers:
+    # The parent's objects are frozen out of the garbage collector while the workers live: a
+    # collection in a forked worker would otherwise visit every object it inherited, and so copy
+    # each page of the parent's heap (after a vocabulary's training or a dedup, gigabytes).
+    gc.freeze()
+    try:
+        with multiprocessing.get_context().Pool(workers, _pool_worker, (initializer, *initargs)) as pool:
+            pending: collections.deque = collections.deque()
+            for item in items:
+                pending.append((item, pool.apply_async(fn, (item,))))
+                if len(pending) >= 2 * workers:
+                    item, result = pending.popleft()
+                    yield item, result.get()
+            while pending:
                 item, result = pending.popleft()
                 yield item, result.get()
-        while pending:
-            item, result = pending.popleft()
-            yield item, result.get()
+    finally:
+        gc.unfreeze()
 
 
 def _pool_worker(initializer: Callable, *initargs: object) -> None:

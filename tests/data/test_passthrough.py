@@ -263,7 +263,9 @@ def test_a_source_without_spans_leaves_the_target_unscanned_and_unmasked(monkeyp
     """The cheap path of `mask_pair` (most pairs): no source span, so nothing can be shared."""
     scanned = []
     find = Detector.find
-    monkeypatch.setattr(Detector, "find", lambda self, text: scanned.append(text) or find(self, text))
+    monkeypatch.setattr(
+        Detector, "find", lambda self, text, among=None: scanned.append(text) or find(self, text, among)
+    )
     src, tgt = "他在家里看书。", "He reads Harry Potter at home in 2024."
     masked, out = mask_pair(src, tgt, ALL)
     assert (masked.text, masked.slots, out) == (src, [], tgt) and scanned == [src]
@@ -276,6 +278,23 @@ def test_text_without_latin_digits_or_backticks_holds_no_span_unless_a_term_is_p
     assert [s.text for s in ALL.find("他在家里看书2本。")] == ["2"]
     with_term = Detector(PASSTHROUGH_KINDS, terms=["北京大学"])
     assert [(s.text, s.kind) for s in with_term.find("他在北京大学看书。")] == [("北京大学", "marked")]
+
+
+@pytest.mark.parametrize("latin_source", [False, True])
+def test_find_among_texts_is_find_filtered(latin_source):
+    """`find(text, among=...)` (how a target is scanned for its source's spans) gives the spans of
+    `find(text)` whose text is among them, whatever their rule."""
+    detector = Detector(PASSTHROUGH_KINDS, terms=["Open AI"], latin_source=latin_source)
+    text = "See `ls -l` at https://a.org/x, mail a@b.cn: AI, iPhone15 and COVID-19 cost 3.5% of 1,000 Open AI."
+    every = detector.find(text)
+    for among in [
+        set(),
+        {"AI"},
+        {"ls -l", "https://a.org/x", "a@b.cn"},
+        {"3.5%", "1,000", "Open AI", "AIs"},
+        {s.text for s in every},
+    ]:
+        assert detector.find(text, among=among) == [s for s in every if s.text in among]
 
 
 def test_may_hold_names_exactly_the_lines_a_span_rule_can_match():

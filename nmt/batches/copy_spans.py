@@ -218,8 +218,8 @@ def fill_slots(zh: str, en: str, rng: np.random.Generator) -> tuple[str, str, li
 
 
 def spell_spans(sp: spm.SentencePieceProcessor, text: str, spans: list[str]) -> list[int]:
-    """`text` encoded by `sp` as usual, except that each word holding one of `spans` is spelled one
-    character per piece ("▁", "K", "o", "v", ...; bytes where `sp` lacks the character): the same
+    """`text` encoded by `sp` as usual, except that each piece overlapping one of `spans` is spelled
+    one character per piece ("▁", "K", "o", "v", ...; bytes where `sp` lacks the character): the same
     text once decoded, but a copy the model can learn character by character, aligned with the
     source's letters and digits ("2005" as "▁20" "0" "5" taught a model to write "205").
 

@@ -25,7 +25,8 @@ def map_ordered(
         return
     # The parent's objects are frozen out of the garbage collector while the workers live: a
     # collection in a forked worker would otherwise visit every object it inherited, and so copy
-    # each page of the parent's heap (after a vocabulary's training or a dedup, gigabytes).
+    # each page of the parent's heap. (Another pool's objects, or ones frozen before, are thawed too
+    # at the end: only speed depends on it.)
     gc.freeze()
     try:
         with multiprocessing.get_context().Pool(workers, _pool_worker, (initializer, *initargs)) as pool:

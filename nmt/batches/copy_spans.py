@@ -226,6 +226,7 @@ def spell_spans(sp: spm.SentencePieceProcessor, text: str, spans: list[str]) -> 
     Returns the usual encoding where the spelling would not decode to the same text (a character
     neither in the vocabulary nor spelt by byte fallback)."""
     usual = sp.encode(text, return_type="proto").pieces
+    usual_ids = [p.id for p in usual]
     taken = _span_bytes(text, spans)  # (n_bytes,) bool: the bytes of `text` inside a span
     ids, run = [], []  # run: a piece and the zero-width pieces before it (the dummy "▁", leading bytes)
     for piece in usual:
@@ -234,7 +235,7 @@ def spell_spans(sp: spm.SentencePieceProcessor, text: str, spans: list[str]) -> 
             ids += _spelled(sp, text, run) if taken[run[0].begin : piece.end].any() else [p.id for p in run]
             run = []
     ids += [p.id for p in run]
-    return ids if sp.decode(ids) == sp.decode([p.id for p in usual]) else [p.id for p in usual]
+    return ids if sp.decode(ids) == sp.decode(usual_ids) else usual_ids
 
 
 def _span_bytes(text: str, spans: list[str]) -> np.ndarray:

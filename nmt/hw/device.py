@@ -132,6 +132,17 @@ def autocast(device: torch.device, precision: str) -> Iterator[None]:
         yield
 
 
+def matmul_row_bucket(device: torch.device, precision: str, max_tokens: int) -> int:
+    """The token-row bucket of training's linear layers (`nmt.model.row_buckets`) on `device` in a
+    resolved `precision`: on a CPU in bf16, max_tokens / 8 rounded up to a multiple of 64, so that
+    oneDNN makes its matmul kernels for at most ~8 row counts per layer instead of one per batch
+    shape; 0 (no padding) elsewhere: fp32 runs through MKL, CUDA through cuBLAS, neither of which
+    pays per shape."""
+    if device.type != "cpu" or autocast_dtype(precision) != torch.bfloat16:
+        return 0
+    return max(64, -(-max_tokens // 8 // 64) * 64)
+
+
 def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
     """A GradScaler, enabled only for a resolved `precision` of fp16 (disabled scalers pass
     everything through)."""

@@ -31,8 +31,10 @@ from torch import Tensor, nn
 
 from nmt.errors import ConfigError
 from nmt.hw.host import best_time, probe
+from nmt.model.dropout import dropout
 from nmt.model.kv_cache import DecoderState, KVCache
 from nmt.model.masks import Packing, attention_mask_from_padding, causal_mask, decoder_self_mask
+from nmt.model.row_buckets import bucketed
 
 BACKENDS = ("auto", "math", "sdpa", "flash")
 _HALF = (torch.float16, torch.bfloat16)
@@ -109,7 +111,7 @@ def math_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout
     probs = scores.softmax(dim=-1)  # (B, H, T, S)
     if mask is not None:
         probs = probs * mask.any(dim=-1, keepdim=True)  # all-masked rows: uniform → zero
-    probs = F.dropout(probs, p=dropout_p, training=dropout_p > 0)
+    probs = dropout(probs, dropout_p, training=dropout_p > 0)
     return torch.matmul(probs.to(v.dtype), v)  # (B, H, T, dk)
 
 
@@ -297,7 +299,7 @@ class MultiHeadAttention(nn.Module):
     def _project_q(self, x: Tensor) -> Tensor:
         D = self.d_model
         proj = self.q_proj or (lambda h: F.linear(h, self.in_proj.weight[:D], self.in_proj.bias[:D]))
-        q = proj(x)  # (B, T, D)
+        q = bucketed(proj, x)  # (B, T, D)
         return q.view(*x.shape[:2], self.heads, self.d_k)  # (B, T, H, dk)
 
     def _project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
@@ -305,7 +307,8 @@ class MultiHeadAttention(nn.Module):
         if self.kv_proj is not None:
             kv = self.kv_proj(memory)
         else:
-            kv = F.linear(memory, self.in_proj.weight[D:], self.in_proj.bias[D:])  # (B, S, 2D)
+            w, b = self.in_proj.weight[D:], self.in_proj.bias[D:]
+            kv = bucketed(lambda m: F.linear(m, w, b), memory)  # (B, S, 2D)
         k, v = kv.view(*memory.shape[:2], 2, self.heads, self.d_k).unbind(2)
         return k, v  # (B, S, H, dk) each
 
@@ -322,7 +325,7 @@ class MultiHeadAttention(nn.Module):
 
     def _merge(self, out: Tensor) -> Tensor:
         """(B, T, H, dk) → output projection (B, T, D)."""
-        return self.out_proj(out.reshape(*out.shape[:2], self.d_model))
+        return bucketed(self.out_proj, out.reshape(*out.shape[:2], self.d_model))
 
     def forward(
         self,
@@ -344,7 +347,7 @@ class MultiHeadAttention(nn.Module):
         them, and with them it never waits for the device."""
         if memory is None:
             B, T, _ = x.shape
-            qkv = self.in_proj(x).view(B, T, 3, self.heads, self.d_k)  # (B, T, 3, H, dk)
+            qkv = bucketed(self.in_proj, x).view(B, T, 3, self.heads, self.d_k)  # (B, T, 3, H, dk)
             q, k, v = qkv.unbind(2)  # (B, T, H, dk) each
             query_pad = key_pad if query_pad is None else query_pad
             query_packing = key_packing if query_packing is None else query_packing

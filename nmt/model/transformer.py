@@ -23,8 +23,10 @@ from nmt import PAD_ID
 from nmt.config import Config, ModelConfig
 from nmt.errors import NmtError
 from nmt.model.attention import MultiHeadAttention, resolve_backend
+from nmt.model.dropout import Dropout, dropout
 from nmt.model.kv_cache import DecoderState, KVCache
 from nmt.model.masks import Packing, cross_attention_bias, length_groups, padding_mask
+from nmt.model.row_buckets import bucketed
 
 
 @dataclass
@@ -63,10 +65,10 @@ class FeedForward(nn.Module):
         self.activation_dropout = activation_dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.act(self.fc1(x))
+        h = self.act(bucketed(self.fc1, x))
         if self.training and self.activation_dropout > 0:
-            h = F.dropout(h, self.activation_dropout, training=True)
-        return self.fc2(h)  # (B, T, D)
+            h = dropout(h, self.activation_dropout)
+        return bucketed(self.fc2, h)  # (B, T, D)
 
 
 class Sublayer(nn.Module):
@@ -76,7 +78,7 @@ class Sublayer(nn.Module):
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
     def forward(self, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
@@ -158,7 +160,7 @@ class Transformer(nn.Module):
         self.src_positions = nn.Embedding(cfg.max_positions, D) if cfg.positions == "learned" else None
         self.tgt_positions = nn.Embedding(cfg.max_positions, D) if cfg.positions == "learned" else None
         self.register_buffer("sinusoids", sinusoidal_table(cfg.max_positions, D), persistent=False)  # (P, D)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.encoder = Stack([EncoderLayer(cfg) for _ in range(cfg.encoder_layers)], D, pre)
         self.decoder = Stack([DecoderLayer(cfg) for _ in range(cfg.decoder_layers)], D, pre)
         self.output_proj = None if cfg.tie_embeddings else nn.Linear(D, tgt_vocab, bias=False)
@@ -204,7 +206,7 @@ class Transformer(nn.Module):
         if self.logits_proj is not None:
             return self.logits_proj(h)
         weight = self.tgt_embed.weight if self.output_proj is None else self.output_proj.weight
-        return F.linear(h, weight)
+        return bucketed(lambda rows: F.linear(rows, weight), h)
 
     def split_projections(self) -> None:
         """Inference only: expose every matmul that runs through `F.linear` on a weight slice or a

@@ -46,8 +46,9 @@ from nmt.batches.batching import Batch
 from nmt.config import TrainConfig
 from nmt.contracts import PacksLogits
 from nmt.errors import NmtError
-from nmt.hw.device import autocast, grad_scaler
+from nmt.hw.device import autocast, grad_scaler, matmul_row_bucket
 from nmt.model.masks import Packing
+from nmt.model.row_buckets import row_buckets
 from nmt.model.wrappers import unwrap
 from nmt.train.distributed import all_reduce_sum, world_size
 from nmt.train.ema import WeightAverage
@@ -148,6 +149,8 @@ class Trainer:
         self.state = state or TrainState()
         self.packed = isinstance(unwrap(model), PacksLogits)  # through DDP / torch.compile
         self.takes_packing = "packing" in inspect.signature(unwrap(model).forward).parameters
+        # bf16 on a CPU: token rows padded to a few shapes per layer (torch.compile makes its own kernels)
+        self.row_bucket = 0 if cfg.compile else matmul_row_bucket(device, precision, cfg.max_tokens)
         self.fused = bool(self.optimizer.defaults.get("fused"))  # its step takes found_inf: skips on the device
         self._issued: list[_Issued] = []
         self._settled: list[StepResult] = []  # read back, not yet handed out by `sync`
@@ -255,7 +258,7 @@ class Trainer:
         eps, passes = self.cfg.label_smoothing, 2 if self.cfg.rdrop_alpha > 0 else 1
         outs = []
         for _ in range(passes):
-            with autocast(self.device, self.precision):
+            with autocast(self.device, self.precision), row_buckets(self.row_bucket):
                 logits, target = self._logits(src, tgt_in, tgt_out, packing)
             outs.append((logits, *label_smoothed_nll(logits, target, eps, packed=self.packed)[:2]))
         if passes == 1:

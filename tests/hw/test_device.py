@@ -4,7 +4,14 @@ import pytest
 import torch
 
 from nmt.errors import NmtError
-from nmt.hw.device import autocast, grad_scaler, resolve_device, set_threads, training_precision
+from nmt.hw.device import (
+    autocast,
+    grad_scaler,
+    matmul_row_bucket,
+    resolve_device,
+    set_threads,
+    training_precision,
+)
 
 pytestmark = pytest.mark.precision
 
@@ -157,3 +164,11 @@ def test_the_training_commands_bound_it_before_anything_runs(command, monkeypatc
     result = CliRunner().invoke(app, [command, "--config", str(tmp_path / "missing.yaml")])
     assert result.exit_code != 0  # the missing config stops it, after the cap was set
     assert os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY") == "128"
+
+
+def test_matmul_row_bucket_only_for_bf16_on_a_cpu():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert matmul_row_bucket(cpu, "bf16", 2048) == 256  # max_tokens / 8
+    assert matmul_row_bucket(cpu, "bf16", 5000) == 640  # rounded up to a multiple of 64
+    assert matmul_row_bucket(cpu, "bf16", 100) == 64
+    assert matmul_row_bucket(cpu, "fp32", 2048) == 0 and matmul_row_bucket(cuda, "bf16", 2048) == 0

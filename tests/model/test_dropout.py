@@ -11,6 +11,7 @@ import torch
 from nmt import PAD_ID
 from nmt.config import ModelConfig
 from nmt.model.attention import MultiHeadAttention
+from nmt.model.dropout import Dropout, dropout, keep_mask
 from nmt.model.transformer import FeedForward, Transformer
 
 V = 30
@@ -62,3 +63,71 @@ def test_activation_dropout_drops_the_inner_activations_at_its_rate():
     dropped = (seen[0] == 0).float().mean().item()
     assert dropped == pytest.approx(0.25, abs=0.01)
     assert seen[0].max().item() == pytest.approx(16 / 0.75)  # survivors scaled by 1 / (1 - p)
+
+
+# --------------------------------------------------------------------------- the CPU masks (nmt.model.dropout)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
+def test_cpu_masks_drop_at_the_rate_asked(p):
+    torch.manual_seed(0)
+    n = 1_000_000
+    kept = keep_mask((n,), p).sum().item()
+    rate = 1 - round(p * 65536) / 65536  # p to 2^-16
+    assert abs(kept - n * rate) < 6 * (n * rate * (1 - rate)) ** 0.5  # six binomial standard deviations
+
+
+def test_cpu_masks_follow_the_seed_and_any_shape():
+    torch.manual_seed(3)
+    a = keep_mask((3, 5, 7), 0.2)  # 105 elements: not a whole number of 64-bit draws
+    torch.manual_seed(3)
+    b = keep_mask((3, 5, 7), 0.2)
+    c = keep_mask((3, 5, 7), 0.2)
+    assert a.shape == (3, 5, 7) and a.dtype == torch.bool
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_dropout_scales_the_kept_and_the_gradient_follows_the_same_mask():
+    x = (torch.rand(64, 33) + 0.5).requires_grad_()  # no zeros: a zero output means dropped
+    torch.manual_seed(1)
+    y = dropout(x, 0.25)
+    kept = y != 0
+    assert 0 < kept.sum() < x.numel()
+    assert torch.allclose(y[kept], x[kept] / 0.75)
+    (y * 2).sum().backward()
+    assert torch.allclose(x.grad, kept.float() * 2 / 0.75)
+
+
+def test_dropout_is_the_identity_outside_training_and_at_zero():
+    x = torch.randn(4, 8)
+    assert dropout(x, 0.3, training=False) is x and dropout(x, 0.0) is x
+    module = Dropout(0.3).eval()
+    assert module(x) is x
+    assert not torch.equal(module.train()(x), x)
+
+
+def test_other_devices_and_rates_take_torchs_dropout(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the CPU masks were used")
+
+    monkeypatch.setattr("nmt.model.dropout.keep_mask", refuse)
+    assert dropout(torch.empty(4, 8, device="meta"), 0.3).device.type == "meta"  # stands for CUDA
+    assert torch.equal(dropout(torch.ones(4, 8), 1.0), torch.zeros(4, 8))
+    with pytest.raises(AssertionError, match="CPU masks"):
+        dropout(torch.ones(4, 8), 0.3)
+
+
+def test_the_transformer_uses_the_cpu_masks(monkeypatch):
+    calls = []
+    real = keep_mask
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("nmt.model.dropout.keep_mask", counted)
+    cfg = ModelConfig(d_model=32, heads=4, encoder_layers=1, decoder_layers=1, ffn_dim=64, max_positions=64,
+                      dropout=0.1, attention_dropout=0.1, activation_dropout=0.1, attention="math")  # fmt: skip
+    Transformer(cfg, V, V).train()(*inputs())
+    # residual branches (2 per encoder layer, 3 per decoder layer), 2 embeddings, 3 attentions, 2 FFNs
+    assert len(calls) == 2 + 3 + 2 + 3 + 2

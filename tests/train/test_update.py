@@ -3,6 +3,7 @@ And what an update does: non-finite losses skipped and counted, accumulation, cl
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -225,3 +226,15 @@ def test_clipping_bounds_the_update():
     r = one_update(trainer, [toy_batch()])
     assert r.grad_norm > 0.001  # the reported norm is the one before clipping
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1.0)
+
+
+def test_bf16_on_a_cpu_pads_the_linear_layers_rows_to_a_bucket(monkeypatch):
+    """The trainer runs the forward inside `row_buckets` where `matmul_row_bucket` asks for it:
+    bf16 on a CPU (oneDNN makes a kernel per matmul shape), not fp32 nor under torch.compile."""
+    seen: list[int] = []
+    monkeypatch.setattr("nmt.train.update.row_buckets", lambda rows: seen.append(rows) or contextlib.nullcontext())
+    cpu = torch.device("cpu")
+    for precision, compiled in (("bf16", False), ("fp32", False), ("bf16", True)):
+        cfg = constant_lr(precision=precision, max_tokens=2048, compile=compiled)
+        one_update(Trainer(PackedToy(), cfg, cpu, precision=precision), batches(5))
+    assert seen == [256, 256, 0, 0, 0, 0]  # two micro-batches per update

@@ -55,6 +55,16 @@ class PacksLogits(Protocol):
     packs_logits: bool
 
 
+@runtime_checkable
+class SplitsProjection(Protocol):
+    """A model that `PacksLogits` and whose `forward(src, tgt_in, keep, project=False)` returns the
+    decoder's output at those positions, (N, D), before the output projection `output_weight`
+    (V, D): training then projects and computes the loss a chunk of rows at a time, without the
+    (N, V) logits (`nmt.train.objective.projected_label_smoothed_nll`)."""
+
+    output_weight: Tensor
+
+
 class Engine(Protocol):
     """A decoding engine behind the `Translator` (native PyTorch, CTranslate2)."""
 

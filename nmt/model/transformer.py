@@ -201,11 +201,16 @@ class Transformer(nn.Module):
         x = x + pos[None]
         return self.dropout(x) if self.training else x
 
+    @property
+    def output_weight(self) -> Tensor:
+        """The output projection (V, D): the decoder embedding when tied (`nmt.contracts.SplitsProjection`)."""
+        return self.tgt_embed.weight if self.output_proj is None else self.output_proj.weight
+
     def _logits(self, h: Tensor) -> Tensor:
         """(B, T, D) decoder output → (B, T, V)."""
         if self.logits_proj is not None:
             return self.logits_proj(h)
-        weight = self.tgt_embed.weight if self.output_proj is None else self.output_proj.weight
+        weight = self.output_weight
         return bucketed(lambda rows: F.linear(rows, weight), h)
 
     def split_projections(self) -> None:
@@ -251,13 +256,19 @@ class Transformer(nn.Module):
         return EncoderOut(memory=memory, src_pad=src_pad)
 
     def decode(
-        self, tgt_in: Tensor, enc: EncoderOut, keep: Tensor | None = None, packing: Packing | None = None
+        self,
+        tgt_in: Tensor,
+        enc: EncoderOut,
+        keep: Tensor | None = None,
+        packing: Packing | None = None,
+        project: bool = True,
     ) -> Tensor:
         """Teacher-forced decoder: tgt_in (B, T) → logits (B, T, V), or (N, V) at the N positions
         where `keep` (B, T) is True (row-major order), so that no output projection is spent on pads.
         `packing`: the target's `Packing` on tgt_in's device, for the flash backend (the source's
         comes with `enc`); with `keep` its index selects the kept positions, which must then be
-        the target's real tokens (what the trainer and validation pass)."""
+        the target's real tokens (what the trainer and validation pass). `project=False`: the
+        decoder's output before the projection, (B, T, D) or (N, D); `output_weight` projects it."""
         tgt_pad = padding_mask(tgt_in, PAD_ID)
         x = self._embed(tgt_in, self.tgt_embed, self.tgt_positions)  # (B, T, D)
         for layer in self.decoder.layers:
@@ -266,7 +277,8 @@ class Transformer(nn.Module):
             x = x.flatten(0, 1).index_select(0, packing.index)  # (N, D)
         elif keep is not None:
             x = x[keep]  # (N, D); a boolean index waits for the device to count N
-        return self._logits(self.decoder.norm(x))
+        h = self.decoder.norm(x)
+        return self._logits(h) if project else h
 
     def forward(
         self,
@@ -275,14 +287,16 @@ class Transformer(nn.Module):
         keep: Tensor | None = None,
         *,
         packing: tuple[Packing, Packing] | None = None,
+        project: bool = True,
     ) -> Tensor:
         """src (B, S), tgt_in (B, T) → logits (B, T, V); masks come from PAD_ID. With `keep` (B, T)
         bool (the trainer passes ``tgt_out != PAD_ID``): packed logits (N, V) at those positions.
         `packing`: (source, target) `Packing`s of this padding, computed on the host by the batch
         builder and moved to the model's device (`nmt.batches.batching.Batch.packing`): the flash
-        backend then never waits for the device. Other backends ignore it; the outputs are the same."""
+        backend then never waits for the device. Other backends ignore it; the outputs are the same.
+        `project=False`: the decoder's output before the output projection (see `decode`)."""
         src_packing, tgt_packing = packing if packing is not None else (None, None)
-        return self.decode(tgt_in, self.encode(src, src_packing), keep, tgt_packing)
+        return self.decode(tgt_in, self.encode(src, src_packing), keep, tgt_packing, project)
 
     # ----------------------------------------------------------------------- incremental decoding
 

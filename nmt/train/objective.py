@@ -12,13 +12,26 @@ from nmt import PAD_ID
 from nmt.config import TrainConfig
 from nmt.config_values import parse_duration
 from nmt.errors import NmtError
+from nmt.model.row_buckets import padded_rows
+
+
+def _smoothed_rows(lprobs: torch.Tensor, target: torch.Tensor, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, nll) per row of log-probabilities lprobs (N, V) for targets (N,):
+    nll = -lp[y], loss = (1 - ε) · nll - ε · mean_v lp."""
+    nll = -lprobs.gather(1, target[:, None]).squeeze(1)  # (N,)
+    return (1.0 - epsilon) * nll - epsilon * lprobs.mean(dim=-1), nll
+
+
+def _smoothed_grad_(lprobs: torch.Tensor, target: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """d loss / d logits = softmax - ε/V - (1 - ε) · onehot(y), built in lprobs' own buffer (N, V)."""
+    grad = lprobs.exp_().sub_(epsilon / lprobs.size(1))
+    return grad.scatter_add_(1, target[:, None], lprobs.new_full((target.numel(), 1), -(1.0 - epsilon)))
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
     """Per-row label-smoothed cross-entropy of (N, V) logits with a hand-written backward.
 
-    Forward: one log-softmax lp (N, V); nll = -lp[y], loss = (1 - ε) · nll - ε · mean_v lp.
-    Backward: d loss / d logits = softmax - ε/V - (1 - ε) · onehot(y), built in place in one
+    Forward: one log-softmax lp (N, V) and `_smoothed_rows`. Backward: `_smoothed_grad_` in one
     (N, V) buffer. Autograd through log_softmax → gather → mean would materialise several (N, V)
     tensors (scatter into zeros, the broadcast division of the mean, the log-softmax backward).
     """
@@ -26,8 +39,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
         lprobs = F.log_softmax(logits, dim=-1)  # (N, V)
-        nll = -lprobs.gather(1, target[:, None]).squeeze(1)  # (N,)
-        loss = (1.0 - epsilon) * nll - epsilon * lprobs.mean(dim=-1)  # (N,)
+        loss, nll = _smoothed_rows(lprobs, target, epsilon)
         ctx.save_for_backward(lprobs, target)
         ctx.epsilon = epsilon
         ctx.mark_non_differentiable(nll)
@@ -36,10 +48,80 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor, _grad_nll: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         lprobs, target = ctx.saved_tensors
-        eps = ctx.epsilon
-        grad = lprobs.exp().sub_(eps / lprobs.size(1)).mul_(grad_loss[:, None])  # (N, V)
-        grad.scatter_add_(1, target[:, None], (-(1.0 - eps) * grad_loss)[:, None])
-        return grad, None, None
+        grad = _smoothed_grad_(lprobs.clone(), target, ctx.epsilon)  # (N, V)
+        return grad.mul_(grad_loss[:, None]), None, None
+
+
+CHUNK_ELEMENTS = 1 << 20  # logits (rows × V) a chunk of `projected_label_smoothed_nll` holds in fp32: 4 MiB
+
+
+def chunk_rows(vocab: int) -> int:
+    """Rows per chunk of `projected_label_smoothed_nll` for a vocabulary of `vocab`: the power of
+    two that keeps a chunk's fp32 logits within CHUNK_ELEMENTS, between 16 and 1,024 rows."""
+    rows = 1 << max(CHUNK_ELEMENTS // vocab, 1).bit_length() - 1
+    return min(max(rows, 16), 1024)
+
+
+class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
+    """Sums of the label-smoothed loss and NLL of the logits h · Wᵀ, a chunk of rows at a time.
+
+    h (N, D) and W (V, D) come in the matmul dtype (bf16 under autocast). Each chunk's logits go to
+    fp32, through the log-softmax and `_smoothed_rows`, and become d loss / d logits
+    (`_smoothed_grad_`) while they are still in cache; only that gradient, in the matmul dtype, is
+    kept for the backward, which is two matmuls: d h = G · W and d W = Gᵀ · h. Rows past `n` (the
+    padding of `nmt.model.row_buckets`) count nothing and get a zero gradient.
+    """
+
+    @staticmethod
+    def forward(
+        ctx, h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, epsilon: float, n: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, vocab = h.size(0), weight.size(0)
+        step = chunk_rows(vocab)
+        grad = h.new_empty(rows, vocab)  # (R, V) d loss / d logits, in the matmul dtype
+        sums = torch.zeros(2, dtype=torch.float32, device=h.device)  # loss, NLL
+        for start in range(0, rows, step):
+            real = max(min(step, n - start), 0)  # rows of this chunk below n
+            if real == 0:
+                grad[start : start + step].zero_()
+                continue
+            lprobs = F.log_softmax(F.linear(h[start : start + step], weight).float(), dim=-1)  # (C, V)
+            if real < lprobs.size(0):
+                grad[start + real : start + step].zero_()
+                lprobs = lprobs[:real]
+            y = target[start : start + real]
+            loss, nll = _smoothed_rows(lprobs, y, epsilon)
+            sums += torch.stack([loss.sum(), nll.sum()])
+            grad[start : start + real] = _smoothed_grad_(lprobs, y, epsilon)
+        ctx.save_for_backward(h, weight, grad)
+        loss_sum, nll_sum = sums.unbind()
+        ctx.mark_non_differentiable(nll_sum)
+        return loss_sum, nll_sum
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor, _grad_nll: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h, weight, grad = ctx.saved_tensors
+        scale = grad_loss.to(h.dtype)
+        return (grad @ weight) * scale, (grad.t() @ h) * scale, None, None, None
+
+
+def projected_label_smoothed_nll(
+    h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, epsilon: float, bucket: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """`label_smoothed_nll` of the packed logits h · Wᵀ without holding them: h (N, D) the
+    decoder's output at the N real target positions, W (V, D) the output projection, target (N,)
+    with no padding. Under autocast the matmuls run in its dtype, the log-softmax in fp32. With
+    `bucket` the rows are padded to a multiple of it first (`nmt.model.row_buckets.padded_rows`),
+    so that the matmuls come in a few shapes. Returns (loss sum, NLL sum, N)."""
+    n = target.numel()
+    device_type = h.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        h, weight = h.to(dtype), weight.to(dtype)
+    h = F.pad(h, (0, 0, 0, padded_rows(n, bucket) - n))  # (R, D)
+    with torch.autocast(device_type, enabled=False):
+        loss, nll = _ProjectedSmoothedCrossEntropy.apply(h, weight, target, epsilon, n)
+    return loss, nll, n
 
 
 def label_smoothed_nll(

@@ -44,7 +44,7 @@ from torch import nn
 from nmt import PAD_ID
 from nmt.batches.batching import Batch
 from nmt.config import TrainConfig
-from nmt.contracts import PacksLogits
+from nmt.contracts import PacksLogits, SplitsProjection
 from nmt.errors import NmtError
 from nmt.hw.device import autocast, grad_scaler, matmul_row_bucket
 from nmt.model.masks import Packing
@@ -52,7 +52,13 @@ from nmt.model.row_buckets import row_buckets
 from nmt.model.wrappers import unwrap
 from nmt.train.distributed import all_reduce_sum, world_size
 from nmt.train.ema import WeightAverage
-from nmt.train.objective import build_optimizer, label_smoothed_nll, learning_rate, set_learning_rate
+from nmt.train.objective import (
+    build_optimizer,
+    label_smoothed_nll,
+    learning_rate,
+    projected_label_smoothed_nll,
+    set_learning_rate,
+)
 from nmt.train.regularisers import drop_source_words, symmetric_kl
 
 Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src (B,S), tgt_in (B,T), tgt_out (B,T)
@@ -149,6 +155,7 @@ class Trainer:
         self.state = state or TrainState()
         self.packed = isinstance(unwrap(model), PacksLogits)  # through DDP / torch.compile
         self.takes_packing = "packing" in inspect.signature(unwrap(model).forward).parameters
+        self.splits = self.packed and isinstance(unwrap(model), SplitsProjection)  # loss fused with the projection
         # bf16 on a CPU: token rows padded to a few shapes per layer (torch.compile makes its own kernels)
         self.row_bucket = 0 if cfg.compile else matmul_row_bucket(device, precision, cfg.max_tokens)
         self.fused = bool(self.optimizer.defaults.get("fused"))  # its step takes found_inf: skips on the device
@@ -256,6 +263,12 @@ class Trainer:
         and NLL are the means of the two, the objective adds α × their symmetric KL
         (`nmt.train.regularisers.symmetric_kl`). Otherwise one pass, objective = loss."""
         eps, passes = self.cfg.label_smoothing, 2 if self.cfg.rdrop_alpha > 0 else 1
+        if passes == 1 and self.splits:
+            with autocast(self.device, self.precision), row_buckets(self.row_bucket):
+                h, target = self._logits(src, tgt_in, tgt_out, packing, project=False)  # (N, D), (N,)
+                weight = unwrap(self.model).output_weight
+                loss, nll, _ = projected_label_smoothed_nll(h, weight, target, eps, self.row_bucket)
+            return loss, loss, nll
         outs = []
         for _ in range(passes):
             with autocast(self.device, self.precision), row_buckets(self.row_bucket):
@@ -269,11 +282,14 @@ class Trainer:
         return loss + self.cfg.rdrop_alpha * kl, loss, (nll_a + nll_b) / 2
 
     def _logits(
-        self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, packing: Packings
+        self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, packing: Packings, project: bool = True
     ) -> LogitsTarget:
         """(logits, target): packed (N, V), (N,) for a model that packs logits, else (B, T, V), (B, T).
-        With a packing the packed target is gathered at its host-computed index (no read-back)."""
+        With a packing the packed target is gathered at its host-computed index (no read-back).
+        `project=False` (a model that `SplitsProjection`): the decoder's output (N, D) instead of logits."""
         extra = {} if packing is None else {"packing": packing}
+        if not project:
+            extra["project"] = False
         if not self.packed:
             return self.model(src, tgt_in, **extra), tgt_out
         keep = tgt_out != PAD_ID  # (B, T)

@@ -216,6 +216,18 @@ def test_packed_logits_are_the_real_rows_of_the_full_logits():
     torch.testing.assert_close(packed, full[keep])
 
 
+@pytest.mark.parametrize("tie", [True, False])
+def test_unprojected_output_times_output_weight_is_the_packed_logits(tie):
+    model = make_model(tie_embeddings=tie)
+    src, tgt = batch(B=5)
+    keep = tgt != PAD_ID
+    with torch.no_grad():
+        packed, h = model(src, tgt, keep), model(src, tgt, keep, project=False)
+    assert h.shape == (int(keep.sum()), 32)
+    assert model.output_weight is (model.tgt_embed.weight if tie else model.output_proj.weight)
+    torch.testing.assert_close(h @ model.output_weight.T, packed)
+
+
 def test_tied_output_projection_is_the_decoder_embedding():
     model = make_model()
     assert model.output_proj is None

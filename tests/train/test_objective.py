@@ -13,7 +13,13 @@ import torch.nn.functional as F
 from nmt import PAD_ID
 from nmt.config import load_config
 from nmt.errors import NmtError
-from nmt.train.objective import label_smoothed_nll, learning_rate, lr_factor
+from nmt.train.objective import (
+    chunk_rows,
+    label_smoothed_nll,
+    learning_rate,
+    lr_factor,
+    projected_label_smoothed_nll,
+)
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
@@ -52,6 +58,44 @@ def test_label_smoothing_gradient_matches_cross_entropy_padded_and_packed():
     assert n == int(keep.sum()) and not nll.requires_grad
     torch.testing.assert_close(padded_in.grad, ref_in.grad)
     torch.testing.assert_close(packed_in.grad, 2.0 * ref_in.grad[keep])
+
+
+def test_chunk_rows_keep_a_chunk_near_a_million_logits():
+    assert [chunk_rows(v) for v in (4000, 32000, 10, 1 << 21)] == [256, 32, 1024, 16]
+
+
+@pytest.mark.parametrize("bucket", [0, 16])
+def test_projected_loss_equals_the_loss_of_the_logits_in_chunks(monkeypatch, bucket):
+    """The loss, NLL and both gradients of the chunked projection + loss equal those of the whole
+    logits, over several chunks (the last one short) and with the rows padded to a bucket."""
+    monkeypatch.setattr("nmt.train.objective.CHUNK_ELEMENTS", 16 * 50)  # 16 rows a chunk
+    torch.manual_seed(0)
+    h, w = torch.randn(37, 8, requires_grad=True), torch.randn(50, 8, requires_grad=True)
+    target = torch.randint(1, 50, (37,))
+    loss, nll, n = label_smoothed_nll(F.linear(h, w), target, 0.1, packed=True)
+    grads = torch.autograd.grad(loss * 0.5, [h, w])
+    loss2, nll2, n2 = projected_label_smoothed_nll(h, w, target, 0.1, bucket)
+    grads2 = torch.autograd.grad(loss2 * 0.5, [h, w])
+    assert n == n2 == 37 and not nll2.requires_grad
+    torch.testing.assert_close(loss2, loss)
+    torch.testing.assert_close(nll2, nll)
+    for a, b in zip(grads2, grads, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_projected_loss_under_bf16_autocast_is_close_to_the_logits_path():
+    torch.manual_seed(1)
+    h, w = torch.randn(40, 16, requires_grad=True), torch.randn(300, 16, requires_grad=True)
+    target = torch.randint(1, 300, (40,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _, _ = label_smoothed_nll(F.linear(h, w), target, 0.1, packed=True)
+        loss2, _, _ = projected_label_smoothed_nll(h, w, target, 0.1, 64)
+    grads, grads2 = torch.autograd.grad(loss, [h, w]), torch.autograd.grad(loss2, [h, w])
+    assert loss2.dtype == torch.float32
+    torch.testing.assert_close(loss2, loss, rtol=1e-3, atol=1e-3)
+    for a, b in zip(grads2, grads, strict=True):
+        assert a.dtype == torch.float32  # the fp32 leaves get fp32 gradients
+        torch.testing.assert_close(a, b, rtol=0.02, atol=0.02)
 
 
 def test_label_smoothing_by_hand():

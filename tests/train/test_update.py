@@ -238,3 +238,34 @@ def test_bf16_on_a_cpu_pads_the_linear_layers_rows_to_a_bucket(monkeypatch):
         cfg = constant_lr(precision=precision, max_tokens=2048, compile=compiled)
         one_update(Trainer(PackedToy(), cfg, cpu, precision=precision), batches(5))
     assert seen == [256, 256, 0, 0, 0, 0]  # two micro-batches per update
+
+
+def test_a_transformer_update_is_the_same_with_the_loss_fused_into_the_projection():
+    """`Trainer` projects and computes the loss in chunks for a model that `SplitsProjection`:
+    the loss, the NLL and the gradients the step gets are those of the whole-logits path."""
+    from nmt.config import ModelConfig
+    from nmt.model.transformer import Transformer
+
+    cfg = ModelConfig(d_model=16, heads=2, encoder_layers=1, decoder_layers=1, ffn_dim=32, max_positions=64,
+                      dropout=0.0)  # fmt: skip
+    torch.manual_seed(0)
+    a = Transformer(cfg, 30, 30)
+    b = Transformer(cfg, 30, 30)
+    b.load_state_dict(a.state_dict())
+    ta, tb = (Trainer(m, constant_lr(), torch.device("cpu"), precision="fp32") for m in (a, b))
+    tb.splits = False
+    assert ta.splits
+    grads: dict[str, list[torch.Tensor]] = {"a": [], "b": []}
+    for name, trainer in (("a", ta), ("b", tb)):
+        step = trainer.optimizer.step
+
+        def recorded(*args, _name=name, _trainer=trainer, _step=step, **kwargs):
+            grads[_name] += [p.grad.clone() for p in _trainer.params]
+            return _step(*args, **kwargs)
+
+        trainer.optimizer.step = recorded
+    ra, rb = one_update(ta, batches(6)), one_update(tb, batches(6))
+    assert ra.loss == pytest.approx(rb.loss, rel=1e-6) and ra.nll == pytest.approx(rb.nll, rel=1e-6)
+    assert len(grads["a"]) == len(grads["b"]) == len(ta.params)
+    for ga, gb in zip(grads["a"], grads["b"], strict=True):
+        torch.testing.assert_close(ga, gb, rtol=1e-4, atol=1e-6)

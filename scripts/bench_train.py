@@ -7,12 +7,18 @@ batches, label smoothing 0.1, Adam(0.9, 0.98), lr 1e-3, inverse-sqrt warmup 1000
 train. Each variant runs in its own process (so peak RSS is its own), trains `--warmup`
 updates untimed, then `--steps` timed updates on real batches in the sampler's order.
 
+With `--config` a recipe is measured as it is instead (its own shape, batch size and vocabulary;
+variants still set the precision and the attention backend, ``auto`` leaves the recipe's).
+
 MFU = analytic training FLOPs of the timed batches (nmt.model.flops.train_flops, formula printed
 below, real tokens only) / time / the matmul peak of this machine measured in the same run
-(fp32 and bf16, 2048² matmuls), so the figure is a ratio that survives a noisy machine.
+(fp32 and bf16, 2048² matmuls), so the figure is a ratio that survives a noisy machine. The table
+gives it over all timed updates and as the median of the updates' own MFU (what train.log's
+windows show).
 
     python scripts/bench_train.py                      # fp32/bf16 × sdpa/math
     python scripts/bench_train.py --variants fp32-sdpa,fp32-sdpa-compile --steps 50
+    python scripts/bench_train.py --config configs/small.yaml --variants fp32-auto,bf16-auto --steps 150
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -32,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from nmt.config import Config, load_config  # noqa: E402
 from nmt.hw.device import fast_bf16_available, set_threads, training_precision  # noqa: E402
+from nmt.hw.host import cpu_model  # noqa: E402
 from nmt.model.flops import matmul_peak_flops, train_flops  # noqa: E402
 
 REFERENCE = [
@@ -44,7 +52,8 @@ REFERENCE = [
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", type=Path, default=ROOT / "runs" / "bench-ref", help="run dir with (or for) the data")
+    p.add_argument("--run", type=Path, default=None, help="run dir with (or for) the data (default runs/bench-<name>)")
+    p.add_argument("--config", type=Path, default=None, help="measure this recipe as it is, not the reference shape")
     p.add_argument("--mirror", default=str(ROOT.parent / "shared" / "data"))
     p.add_argument("--variants", default="fp32-sdpa,fp32-math,bf16-sdpa,bf16-math")
     p.add_argument("--warmup", type=int, default=5)
@@ -55,13 +64,16 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def reference_config(variant: str) -> Config:
+def reference_config(variant: str, recipe: Path | None = None) -> Config:
+    """The config of `variant` ("precision-backend[-compile]"): the reference shape, or `recipe` as it is."""
     precision, backend, *extra = variant.split("-")
-    overrides = REFERENCE + [
+    overrides = [
         f"train.precision={precision}", f"model.attention={backend}",
-        f"train.compile={'true' if 'compile' in extra else 'false'}", "name=bench-ref",
+        f"train.compile={'true' if 'compile' in extra else 'false'}",
     ]  # fmt: skip
-    return load_config(ROOT / "configs" / "small.yaml", overrides)
+    if recipe is not None:
+        return load_config(recipe, overrides)
+    return load_config(ROOT / "configs" / "small.yaml", REFERENCE + overrides + ["name=bench-ref"])
 
 
 def prepare_data(args: argparse.Namespace) -> None:
@@ -69,7 +81,7 @@ def prepare_data(args: argparse.Namespace) -> None:
     from nmt.data.vocab import build_vocab
     from nmt.run.dirs import init_run
 
-    config = reference_config("fp32-sdpa")
+    config = reference_config("fp32-sdpa", getattr(args, "config", None))
     init_run(config, args.run, latest=False)  # a benchmark never becomes the default run
     prepare_corpus(config, args.run, mirror=args.mirror)
     build_vocab(config, args.run)
@@ -83,7 +95,7 @@ def run_one(args: argparse.Namespace, variant: str) -> dict:
     from nmt.model.transformer import build_model
     from nmt.train.update import Trainer
 
-    config = reference_config(variant)
+    config = reference_config(variant, args.config)
     set_threads(args.threads)
     torch.manual_seed(1)
     src_tok, tgt_tok = load_tokenizers(args.run, config)
@@ -95,7 +107,7 @@ def run_one(args: argparse.Namespace, variant: str) -> dict:
         model = torch.compile(model)
     device = torch.device("cpu")
     trainer = Trainer(model, config.train, device, precision=training_precision(device, config.train.precision))
-    losses, tgt_tokens, all_tokens, flops, seconds = [], 0, 0, 0.0, 0.0
+    losses, tgt_tokens, all_tokens, flops, seconds, rates = [], 0, 0, 0.0, 0.0, []
     for i in range(args.warmup + args.steps):
         src, tgt_in, tgt_out = (t.to(device) for t in load_batch(data, batches[i % len(batches)]))
         start = time.perf_counter()
@@ -109,7 +121,9 @@ def run_one(args: argparse.Namespace, variant: str) -> dict:
         n_src, n_tgt = int((src != 0).sum()), int((tgt_out != 0).sum())
         tgt_tokens += n_tgt
         all_tokens += n_src + n_tgt
-        flops += train_flops(config.model, n_src, n_tgt, src.shape[1], tgt_out.shape[1], tgt_tok.vocab_size)
+        update_flops = train_flops(config.model, n_src, n_tgt, src.shape[1], tgt_out.shape[1], tgt_tok.vocab_size)
+        flops += update_flops
+        rates.append(update_flops / elapsed)
     return {
         "variant": variant,
         "tgt_tok_s": tgt_tokens / seconds,
@@ -119,6 +133,7 @@ def run_one(args: argparse.Namespace, variant: str) -> dict:
         "loss_first": losses[0],
         "loss_last": sum(losses[-5:]) / len(losses[-5:]),
         "steps": args.steps,
+        "median_flop_s": statistics.median(rates),  # of the updates' own FLOP/s
     }
 
 
@@ -128,6 +143,8 @@ def vs_bf16(flop_s: float, bf16_peak: float, fast: bool) -> str:
 
 def main() -> None:
     args = parse_args()
+    if args.run is None:
+        args.run = ROOT / "runs" / f"bench-{args.config.stem if args.config else 'ref'}"
     if args.one:
         print(json.dumps(run_one(args, args.one)))
         return
@@ -146,29 +163,32 @@ def main() -> None:
         f"# matmul peak (this run): fp32 {peak['fp32'] / 1e9:.1f} GFLOP/s (2048²), "
         f"bf16 {peak['bf16'] / 1e9:.1f} GFLOP/s ({'2048²' if fast else '256², emulated'})"
     )
-    print(f"# timed: {args.steps} updates after {args.warmup} warm-up updates, ~4096-token batches")
+    shape = f"recipe {args.config}" if args.config else "reference shape, ~4096-token batches"
+    print(f"# timed: {args.steps} updates after {args.warmup} warm-up updates; {shape}; CPU {cpu_model()}")
     print()
     print(
-        "| variant | target tok/s | src+tgt tok/s | GFLOP/s | MFU (own precision) | MFU (vs bf16 peak) "
-        "| peak RSS GiB | loss first → last |"
+        "| variant | target tok/s | src+tgt tok/s | GFLOP/s | MFU (own precision) | median update MFU "
+        "| MFU (vs bf16 peak) | peak RSS GiB | loss first → last |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for variant in args.variants.split(","):
         if variant.startswith("bf16") and not fast and not args.force_bf16:
             print(
                 f"| {variant} | skipped: no native bf16 on this CPU (bf16 matmul peak "
-                f"{peak['bf16'] / 1e9:.1f} GFLOP/s); --force-bf16 runs it | | | | | | |",
+                f"{peak['bf16'] / 1e9:.1f} GFLOP/s); --force-bf16 runs it | | | | | | | |",
                 flush=True,
             )
             continue
         cmd = [sys.executable, __file__, "--run", str(args.run), "--one", variant, "--warmup", str(args.warmup),
                "--steps", str(args.steps), "--threads", str(args.threads)]  # fmt: skip
+        cmd += ["--config", str(args.config)] if args.config else []
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         r = json.loads(out)
         own = peak["bf16" if variant.startswith("bf16") else "fp32"]
         print(
             f"| {variant} | {r['tgt_tok_s']:,.0f} | {r['all_tok_s']:,.0f} | {r['flop_s'] / 1e9:.1f} "
-            f"| {100 * r['flop_s'] / own:.0f}% | {vs_bf16(r['flop_s'], peak['bf16'], fast)} | {r['rss_gib']:.2f} "
+            f"| {100 * r['flop_s'] / own:.0f}% | {100 * r['median_flop_s'] / own:.1f}% "
+            f"| {vs_bf16(r['flop_s'], peak['bf16'], fast)} | {r['rss_gib']:.2f} "
             f"| {r['loss_first']:.2f} → {r['loss_last']:.2f} |",
             flush=True,
         )

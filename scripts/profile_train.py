@@ -12,9 +12,10 @@ counts with it):
 
     matmul                       aten::mm / addmm / bmm / linear / matmul ...
     attention                    scaled_dot_product_attention and its kernels (forward, backward)
-    softmax / cross-entropy      log_softmax, softmax, nll, the label-smoothed loss's backward
+    softmax / cross-entropy      log_softmax, softmax, nll, the label-smoothed loss (the output projection's
+                                 matmuls inside the fused loss count as matmuls)
     layer norm                   native_layer_norm and its backward
-    dropout masks                bernoulli_, dropout, native_dropout (+ backward)
+    dropout masks                bernoulli_, dropout, native_dropout (+ backward), nmt's CPU masks
     optimizer (AdamW + clip)     the fused AdamW step, zero_grad, clip_grad_norm_'s _foreach_ ops
     embedding / element-wise     every other aten:: operator (embedding, add, relu, copies ...)
     data (batch building)        wall time of building the update's batches, outside the model
@@ -84,8 +85,10 @@ def categorise(name: str) -> str:
         return DATA
     if name.startswith("Optimizer."):
         return OPTIMIZER
-    if "_SmoothedCrossEntropy" in name:
+    if "SmoothedCrossEntropy" in name:  # the loss's autograd functions, plain and fused with the projection
         return LOSS
+    if "_MaskedScale" in name:  # nmt.model.dropout's masks on the CPU
+        return DROPOUT
     if not name.startswith("aten::"):
         return OVERHEAD
     op = name.removeprefix("aten::")

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from nmt.config import Config, load_config  # noqa: E402
 from nmt.hw.device import fast_bf16_available, set_threads, training_precision  # noqa: E402
 from nmt.hw.host import cpu_model  # noqa: E402
-from nmt.model.flops import matmul_peak_flops, train_flops  # noqa: E402
+from nmt.model.flops import PEAK_DTYPES, matmul_peak_flops, peak_size, train_flops  # noqa: E402
 
 REFERENCE = [
     "vocab.src_size=8000", "vocab.tgt_size=5800", "model.d_model=256", "model.heads=4",
@@ -152,9 +152,9 @@ def main() -> None:
     set_threads(args.threads)
     cpu = torch.device("cpu")
     fast = fast_bf16_available(cpu)
-    # Emulated bf16 runs at ~1 GFLOP/s: measure it on a small matmul so the run stays short.
-    bf16_peak = matmul_peak_flops(torch.bfloat16) if fast else matmul_peak_flops(torch.bfloat16, n=256, repeats=3)
-    peak = {"fp32": matmul_peak_flops(torch.float32), "bf16": bf16_peak}
+    # at the size train.log's MFU is measured at (peak_size): 256² where bf16 is emulated (~1 GFLOP/s)
+    peak = {p: matmul_peak_flops(PEAK_DTYPES[p], n=peak_size(cpu, p), repeats=20 if fast or p == "fp32" else 3)
+            for p in ("fp32", "bf16")}  # fmt: skip
     print(
         f"# bench_train: torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"{time.strftime('%Y-%m-%d %H:%M')}, native bf16: {fast}"

@@ -2,7 +2,8 @@
 
 MFU = (train_flops of the batches processed) / (elapsed seconds × matmul_peak_flops).
 Training logs it (`nmt.train.progress`) against `training_peak_flops`, the peak in the run's precision
-on its device, measured once per host; scripts/bench_train.py measures its own.
+on its device, measured once per host; scripts/bench_train.py measures its own at the same size
+(`peak_size`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 import torch
 
 from nmt.config import ModelConfig
+from nmt.hw.device import fast_bf16_available
 from nmt.hw.host import probe
 
 PEAK_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -88,17 +90,27 @@ def matmul_peak_flops(
     return 2.0 * n**3 * repeats / best
 
 
+def peak_size(device: torch.device, precision: str) -> int:
+    """n of the n×n matmuls whose rate MFU divides by, for training in a resolved `precision` on
+    `device`: 8192 on CUDA (large enough to reach a big GPU's peak); 2048 on a CPU (where training's
+    AMX and AVX-512 kernels reach theirs), 256 where bf16 is emulated (seconds a matmul otherwise).
+    `training_peak_flops` and scripts/bench_train.py both measure at this size, so that train.log's
+    MFU and the benchmark's mean the same thing."""
+    if device.type == "cuda":
+        return 8192
+    return 256 if precision == "bf16" and not fast_bf16_available(device) else 2048
+
+
 def training_peak_flops(device: torch.device, precision: str) -> float:
     """The matmul peak that training's MFU divides by: `matmul_peak_flops` in the dtype of
-    `precision` (resolved: fp32, bf16 or fp16) on `device`, measured once per host and cached
-    (`nmt.hw.host.probe`; the name carries the GPU's). Square matmuls of 8192 on CUDA, large enough to
-    reach a big GPU's peak; of 512 on a CPU, small enough that an emulated bf16 matmul takes seconds."""
-    dtype = PEAK_DTYPES[precision]
+    `precision` (resolved: fp32, bf16 or fp16) on `device` at `peak_size`, measured once per host
+    and thread count and cached (`nmt.hw.host.probe`; the name carries the GPU's)."""
+    dtype, n = PEAK_DTYPES[precision], peak_size(device, precision)
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
-        where, n = torch.cuda.get_device_name(index), 8192
+        where = torch.cuda.get_device_name(index)
     else:
-        where, n = "cpu", 512
+        where = "cpu"
     measure = lambda: matmul_peak_flops(dtype, n=n, repeats=5, device=device)  # noqa: E731
     return float(probe(f"matmul-peak {precision} {where} {n}", measure))
 

@@ -62,13 +62,25 @@ def test_training_peak_is_measured_once_per_host_in_the_runs_precision(monkeypat
         return 1e12 if dtype == torch.bfloat16 else 5e11
 
     monkeypatch.setattr(flops, "matmul_peak_flops", fake_peak)
+    monkeypatch.setattr(flops, "fast_bf16_available", lambda device: True)
     cpu = torch.device("cpu")
     assert flops.training_peak_flops(cpu, "fp32") == flops.training_peak_flops(cpu, "fp32") == 5e11
     assert flops.training_peak_flops(cpu, "bf16") == 1e12
-    assert calls == [(torch.float32, 512, "cpu"), (torch.bfloat16, 512, "cpu")]
+    assert calls == [(torch.float32, 2048, "cpu"), (torch.bfloat16, 2048, "cpu")]
     host.forget()  # a new process reads the measurement from disk
     assert flops.training_peak_flops(cpu, "bf16") == 1e12 and len(calls) == 2
     host.forget()
+
+
+def test_the_peak_is_measured_where_training_reaches_it_and_small_where_bf16_is_emulated(monkeypatch):
+    from nmt.model import flops
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(flops, "fast_bf16_available", lambda device: False)
+    assert flops.peak_size(cpu, "bf16") == 256 and flops.peak_size(cpu, "fp32") == 2048
+    assert flops.peak_size(torch.device("cuda"), "bf16") == 8192
+    monkeypatch.setattr(flops, "fast_bf16_available", lambda device: True)
+    assert flops.peak_size(cpu, "bf16") == 2048
 
 
 def test_mfu():

@@ -1,8 +1,8 @@
 """Dropout whose masks are cheap on the CPU.
 
 `torch.nn.functional.dropout` on a CPU tensor draws one Bernoulli variate per element from the
-generator, which made the masks about as costly as all the model's layer norms, softmaxes and
-optimizer together (docs/BENCHMARKS.md, "Where an update's time goes"). Here one 64-bit draw
+generator, one of the larger costs of a CPU update that is not a matmul (docs/BENCHMARKS.md,
+"Where an update's time goes"). Here one 64-bit draw
 from the same generator (`torch.randint`, so `torch.manual_seed` and the checkpointed RNG
 state govern it as before) gives four 16-bit words, and an element is kept where its word
 is at or above a threshold: each element is dropped with probability round(p · 2^16) / 2^16,

@@ -155,7 +155,8 @@ class Trainer:
         self.state = state or TrainState()
         self.packed = isinstance(unwrap(model), PacksLogits)  # through DDP / torch.compile
         self.takes_packing = "packing" in inspect.signature(unwrap(model).forward).parameters
-        self.splits = self.packed and isinstance(unwrap(model), SplitsProjection)  # loss fused with the projection
+        # the projection fused with the loss (nmt.train.objective): measured on CPUs; CUDA keeps whole logits
+        self.splits = device.type == "cpu" and self.packed and isinstance(unwrap(model), SplitsProjection)
         # bf16 on a CPU: token rows padded to a few shapes per layer (torch.compile makes its own kernels)
         self.row_bucket = 0 if cfg.compile else matmul_row_bucket(device, precision, cfg.max_tokens)
         self.fused = bool(self.optimizer.defaults.get("fused"))  # its step takes found_inf: skips on the device

@@ -269,3 +269,15 @@ def test_a_transformer_update_is_the_same_with_the_loss_fused_into_the_projectio
     assert len(grads["a"]) == len(grads["b"]) == len(ta.params)
     for ga, gb in zip(grads["a"], grads["b"], strict=True):
         torch.testing.assert_close(ga, gb, rtol=1e-4, atol=1e-6)
+
+
+def test_the_fused_loss_is_for_cpus_only():
+    """CUDA keeps the whole-logits loss (the fused one was measured on CPUs only)."""
+    from nmt.config import ModelConfig
+    from nmt.model.transformer import Transformer
+
+    cfg = ModelConfig(d_model=16, heads=2, encoder_layers=1, decoder_layers=1, ffn_dim=32, max_positions=64)
+    model = Transformer(cfg, 30, 30)
+    assert Trainer(model, constant_lr(), torch.device("cpu"), precision="fp32").splits
+    assert not Trainer(model, constant_lr(), torch.device("meta"), precision="fp32").splits  # stands for CUDA
+    assert not Trainer(PackedToy(), constant_lr(), torch.device("cpu"), precision="fp32").splits

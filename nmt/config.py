@@ -191,11 +191,11 @@ class TrainConfig:
     # concatenation augmentation (nmt/batches/concat.py): this fraction of extra training pairs, each two
     # random pairs of the corpus joined (source after source, target after target), drawn once per run
     concat_pairs: float = 0.0
-    # copy examples (nmt/batches/copy_spans.py): each training pair that holds on both sides a masked
-    # span or an aligned name/number (汤姆/Tom, 三/three) gives this many copies on average, with a
-    # made-up name or number in its place, raw on both sides (the target spelling it one character per
-    # piece), enciphered afresh each epoch: the model learns to copy what exported runtimes (no
-    # pass-through masks) hand it; e.g. 1.0
+    # copy examples (nmt/batches/copy_spans.py), made once per run: each training pair that holds on both
+    # sides a masked span or an aligned name/number (汤姆/Tom, 三/three) gives this many copies on
+    # average, with a made-up name or number in its place, raw on both sides (the target spelling it
+    # one character per piece): the model learns to copy what exported runtimes (no pass-through
+    # masks) hand it; e.g. 1.0
     copy_spans: float = 0.0
     clip_norm: float = 1.0  # 0 disables clipping
     max_len: int = 256  # pairs with a longer side (in pieces) are skipped

@@ -316,6 +316,6 @@ class ListDataset:
     def __len__(self) -> int:
         return len(self.pairs)
 
-    def pair(self, i: int, epoch: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         s, t = self.pairs[i]
         return np.array(s, dtype=np.int32), np.array(t, dtype=np.int32)

@@ -50,7 +50,7 @@ class PairDataset(Protocol):
     tgt_lengths: np.ndarray
 
     def __len__(self) -> int: ...
-    def pair(self, i: int, epoch: int = 0) -> tuple[np.ndarray, np.ndarray]: ...  # pair i as `epoch` reads it
+    def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 class LengthWindows(Protocol):
@@ -336,9 +336,9 @@ def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Batch:
     return Batch(src, tgt_in, tgt_out, src_packing, packing_from_lengths(tgt_lengths, t_len))
 
 
-def load_batch(dataset: PairDataset, indices: np.ndarray, epoch: int = 0) -> Batch:
-    """Read the pairs of one batch from a (memory-mapped) dataset, as `epoch` reads them, and collate them."""
-    return collate([dataset.pair(int(i), epoch) for i in indices])
+def load_batch(dataset: PairDataset, indices: np.ndarray) -> Batch:
+    """Read the pairs of one batch from a (memory-mapped) dataset and collate them."""
+    return collate([dataset.pair(int(i)) for i in indices])
 
 
 class Prefetcher(Generic[T]):

@@ -78,17 +78,16 @@ class ConcatenatedPairs:
                 self._partners.popitem(last=False)
             return first, second
 
-    def pair(self, i: int, epoch: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """(src, tgt) ids of pair i as `epoch` reads it, no BOS/EOS: a pair of the split, or two of
-        them joined (each as `epoch` reads it from the wrapped dataset)."""
+    def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(src, tgt) ids of pair i, no BOS/EOS: a pair of the split, or two of them joined."""
         if not 0 <= i < len(self):
             raise IndexError(f"pair {i} out of range ({len(self)} with joined pairs)")
         k = int(np.searchsorted(self.bounds, i, side="right")) - 1
         j = i - int(self.bounds[k])
         own = int(self.base[k + 1] - self.base[k])
         if j < own:
-            return self.dataset.pair(int(self.base[k]) + j, epoch)
+            return self.dataset.pair(int(self.base[k]) + j)
         first, second = self.partners(k)
-        a = self.dataset.pair(int(self.base[k] + first[j - own]), epoch)
-        b = self.dataset.pair(int(self.base[k] + second[j - own]), epoch)
+        a = self.dataset.pair(int(self.base[k] + first[j - own]))
+        b = self.dataset.pair(int(self.base[k] + second[j - own]))
         return np.concatenate((a[0], b[0])), np.concatenate((a[1], b[1]))

@@ -20,16 +20,11 @@ three cats." may give "我有47只猫。" / "I have 47 cats."; "汤姆在哪里�
 
 The copies are made once, when training opens its data (every pair of the split that may give
 one is decoded: about a second for Tatoeba's 24k pairs, minutes at tens of millions), from
-(train.seed, window) alone, and the batch sampler batches them by their own lengths (made as
-batches are read, a longer copy would pad its whole batch of similar lengths). Each epoch then
-reads every copy with its made-up spans enciphered afresh (`respelled`, drawn from (train.seed,
-epoch, pair)): vowels for vowels, consonants for consonants and digits 1-9 for digits 1-9, case
-and 0 kept, so "Brandel" may read "Klusdop" and "2005" "7004". A span keeps its length, its runs
-of equal characters and its shape, so the batches keep their lengths, while the model sees new
-spans every epoch and cannot learn the copies by heart. Every rank and resumed run reads the same
-copy in the same epoch. A copy longer than ``train.max_len`` or holding ``<unk>`` (a vocabulary
-without byte fallback that cannot spell the made-up span) is not made, nor read enciphered.
-Validation, test and decoding read the split itself.
+(train.seed, window) alone: every epoch, rank and resumed run sees the same ones, and the batch
+sampler batches them by their own lengths (made as batches are read, a longer copy would pad its
+whole batch of similar lengths). A copy longer than ``train.max_len`` or holding ``<unk>`` (a
+vocabulary without byte fallback that cannot spell the made-up span) is not made. Validation,
+test and decoding read the split itself.
 """
 
 from __future__ import annotations
@@ -57,9 +52,6 @@ NUMBER_ANCHORS = (
 )  # fmt: skip
 _SALT = 0xC0B1  # keeps the copies' draws apart from the sampler's and the joined pairs' (seed, window) streams
 _PLACEHOLDER = re.compile("⦅\\d+⦆")
-_SLOT = re.compile("\ue000(\\d+)\ue001")  # slot n of a copy's texts: where its made-up span n stands
-_CIPHER_CLASSES = ("aeiou", "bcdfghjklmnpqrstvwxyz", "123456789")  # each enciphered within itself, digits last
-_CIPHER_PLAIN = "".join(_CIPHER_CLASSES) + "".join(_CIPHER_CLASSES[:-1]).upper()
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 _ONSETS = ("", "", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z",
            "br", "ch", "cl", "dr", "fr", "gr", "kr", "pl", "sh", "st", "th", "tr")  # fmt: skip
@@ -126,16 +118,6 @@ class CopySettings:
     max_len: int
 
 
-@dataclass(frozen=True)
-class _Copy:
-    """A copy example: its (source, target) ids as made, which the sampler batches by their lengths,
-    and its (source, target) texts with slots for `spans`, so that an epoch can fill them afresh."""
-
-    ids: tuple[np.ndarray, np.ndarray]
-    texts: tuple[str, str]
-    spans: tuple[str, ...]
-
-
 class CopiedPairs:
     """`dataset` (a `LengthWindows` with `pair(i)`) with copy examples after each window's own pairs
     (see the module docstring).
@@ -154,7 +136,7 @@ class CopiedPairs:
         self.sides = [spm.SentencePieceProcessor(model_file=str(p)) for p in models]
         self.zh_side = 0 if settings.src_lang == "zh" else 1  # which of (source, target) is Chinese
         self.base = np.asarray(dataset.window_bounds(), dtype=np.int64)  # (S+1,) the split's own bounds
-        self.made = [self._make(k) for k in range(len(self.base) - 1)]  # per window: [_Copy]
+        self.made = [self._make(k) for k in range(len(self.base) - 1)]  # per window: [(src ids, tgt ids)]
         counts = np.array([len(m) for m in self.made], dtype=np.int64)
         self.bounds = np.concatenate(([0], np.cumsum(np.diff(self.base) + counts)))  # (S+1,)
 
@@ -173,26 +155,19 @@ class CopiedPairs:
     def window_lengths(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(source, target) pieces of window k's pairs, copies last (without BOS/EOS)."""
         own = self.dataset.window_lengths(k)
-        made = [np.array([len(c.ids[side]) for c in self.made[k]], dtype=own[side].dtype) for side in (0, 1)]
+        made = [np.array([len(p[side]) for p in self.made[k]], dtype=own[side].dtype) for side in (0, 1)]
         return np.concatenate((own[0], made[0])), np.concatenate((own[1], made[1]))
 
-    def pair(self, i: int, epoch: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """(src, tgt) ids of pair i as `epoch` reads it, no BOS/EOS: a pair of the split, or a copy
-        example with its spans enciphered for `epoch` (see `respelled`)."""
+    def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(src, tgt) ids of pair i, no BOS/EOS: a pair of the split, or a copy example."""
         if not 0 <= i < len(self):
             raise IndexError(f"pair {i} out of range ({len(self)} with copy examples)")
         k = int(np.searchsorted(self.bounds, i, side="right")) - 1
         j = i - int(self.bounds[k])
         own = int(self.base[k + 1] - self.base[k])
-        if j < own:
-            return self.dataset.pair(int(self.base[k]) + j, epoch)
-        copy = self.made[k][j - own]
-        rng = np.random.default_rng((self.settings.seed, epoch, i, _SALT))
-        spans = respelled(copy.spans, rng)
-        encoded = self._encoded(*(fill(text, spans) for text in copy.texts), spans)
-        return encoded if encoded is not None else copy.ids
+        return self.dataset.pair(int(self.base[k]) + j) if j < own else self.made[k][j - own]
 
-    def _make(self, k: int) -> list[_Copy]:
+    def _make(self, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """Window k's copy examples, in the order of the pairs they come from."""
         rng = np.random.default_rng((self.settings.seed, k, _SALT))
         whole, part = divmod(self.settings.copies, 1.0)
@@ -203,77 +178,43 @@ class CopiedPairs:
                 out += self._copies(self.dataset.pair(i), wanted, rng)
         return out
 
-    def _copies(self, pair: tuple[np.ndarray, np.ndarray], wanted: int, rng: np.random.Generator) -> list[_Copy]:
+    def _copies(self, pair: tuple[np.ndarray, np.ndarray], wanted: int, rng: np.random.Generator) -> list:
         """Up to `wanted` copy examples of `pair` (none where it holds no aligned slot)."""
         if any(UNK_ID in np.asarray(ids) for ids in pair):
             return []
         texts = [sp.decode([int(t) for t in ids]) for sp, ids in zip(self.sides, pair, strict=True)]
         zh_side, out = self.zh_side, []
         for _ in range(wanted):
-            slotted = slot_texts(texts[zh_side], texts[1 - zh_side], rng)
-            if slotted is None:
+            filled = fill_slots(texts[zh_side], texts[1 - zh_side], rng)
+            if filled is None:
                 return []
-            zh, en, spans = slotted
+            zh, en, made_up = filled
             src, tgt = (zh, en) if zh_side == 0 else (en, zh)
-            encoded = self._encoded(fill(src, spans), fill(tgt, spans), spans)
-            if encoded is not None:
-                out.append(_Copy(encoded, (src, tgt), tuple(spans)))
+            encoded = (self.sides[0].encode(src, out_type=int), spell_spans(self.sides[1], tgt, made_up))
+            ids = [np.asarray(x, dtype=np.int32) for x in encoded]
+            if all(len(x) <= self.settings.max_len and UNK_ID not in x for x in ids):
+                out.append((ids[0], ids[1]))
         return out
-
-    def _encoded(self, src: str, tgt: str, spans: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
-        """(source as raw text encodes, target with `spans` spelled) ids; None past max_len or with <unk>."""
-        encoded = (self.sides[0].encode(src, out_type=int), spell_spans(self.sides[1], tgt, spans))
-        ids = [np.asarray(x, dtype=np.int32) for x in encoded]
-        if all(len(x) <= self.settings.max_len and UNK_ID not in x for x in ids):
-            return ids[0], ids[1]
-        return None
 
 
 def fill_slots(zh: str, en: str, rng: np.random.Generator) -> tuple[str, str, list[str]] | None:
     """(zh, en, the made-up spans) with every placeholder held by both sides and one anchor word
     pair replaced by made-up spans, the same text on both sides; None where the pair holds no
     such slot."""
-    slotted = slot_texts(zh, en, rng)
-    if slotted is None:
-        return None
-    zh, en, spans = slotted
-    return fill(zh, spans), fill(en, spans), spans
-
-
-def slot_texts(zh: str, en: str, rng: np.random.Generator) -> tuple[str, str, list[str]] | None:
-    """`fill_slots` with slot n ("\\ue000n\\ue001", see `fill`) where made-up span n goes."""
     placeholders = sorted(set(_PLACEHOLDER.findall(zh)) & set(_PLACEHOLDER.findall(en)))
     anchors = [(z, e, made_up_name) for z, e in NAME_ANCHORS if _once(z, e, zh, en)]
     anchors += [(z, e, made_up_number) for z, e in NUMBER_ANCHORS if _once(z, e, zh, en)]
     if not placeholders and not anchors:
         return None
-    made: list[str] = []
+    made = []
     for placeholder in placeholders:
         made.append((made_up_name if rng.random() < 0.5 else made_up_number)(rng))
-        slot = f"\ue000{len(made) - 1}\ue001"
-        zh, en = zh.replace(placeholder, slot), en.replace(placeholder, slot)
+        zh, en = zh.replace(placeholder, made[-1]), en.replace(placeholder, made[-1])
     if anchors:
         z, e, make = anchors[int(rng.integers(len(anchors)))]
         made.append(make(rng))
-        slot = f"\ue000{len(made) - 1}\ue001"
-        zh, en = zh.replace(z, slot), _word(e).sub(lambda _: slot, en)
+        zh, en = zh.replace(z, made[-1]), _word(e).sub(made[-1], en)
     return zh, en, made
-
-
-def fill(text: str, spans: list[str] | tuple[str, ...]) -> str:
-    """`text` with each slot n of `slot_texts` replaced by spans[n]."""
-    return _SLOT.sub(lambda m: spans[int(m.group(1))], text)
-
-
-def respelled(spans: tuple[str, ...] | list[str], rng: np.random.Generator) -> list[str]:
-    """`spans` under one substitution cipher drawn from `rng`: vowels among vowels, consonants
-    among consonants, digits 1-9 among themselves, case and every other character (0, "-", "%")
-    kept. A span keeps its length, its runs of equal characters ("Anne" → "Ossi") and its shape
-    (a year stays four digits, a round number round), so a copy keeps its length in pieces."""
-    secret = "".join(chars[j] for chars in _CIPHER_CLASSES for j in rng.permutation(len(chars)))
-    lower = secret[: -len(_CIPHER_CLASSES[-1])]
-    table = str.maketrans(_CIPHER_PLAIN, secret + lower.upper())
-    return [span.translate(table) for span in spans]
 
 
 def spell_spans(sp: spm.SentencePieceProcessor, text: str, spans: list[str]) -> list[int]:
@@ -298,22 +239,13 @@ def spell_spans(sp: spm.SentencePieceProcessor, text: str, spans: list[str]) -> 
 
 
 def _span_bytes(text: str, spans: list[str]) -> np.ndarray:
-    """(len(text.encode()),) bool: True on the UTF-8 bytes of each whole-token occurrence of a span
-    (one not inside a longer run of ASCII letters and digits)."""
+    """(len(text.encode()),) bool: True on the UTF-8 bytes of each whole-token occurrence of a span."""
     taken = np.zeros(len(text.encode()), dtype=bool)
     for span in set(spans):
-        at = text.find(span)
-        while at >= 0:
-            end = at + len(span)
-            if not (at and _is_word_char(text[at - 1]) or end < len(text) and _is_word_char(text[end])):
-                begin = len(text[:at].encode())
-                taken[begin : begin + len(span.encode())] = True
-            at = text.find(span, at + 1)
+        for m in re.finditer(f"(?<![A-Za-z0-9]){re.escape(span)}(?![A-Za-z0-9])", text):
+            begin = len(text[: m.start()].encode())
+            taken[begin : begin + len(m.group().encode())] = True
     return taken
-
-
-def _is_word_char(char: str) -> bool:
-    return char.isascii() and char.isalnum()
 
 
 def _spelled(sp: spm.SentencePieceProcessor, text: str, run: list) -> list[int]:

@@ -465,9 +465,8 @@ class ParallelSplit:
             self._lengths = tuple(np.concatenate([p[side] for p in parts]) for side in (0, 1))  # type: ignore[assignment]
         return self._lengths  # type: ignore[return-value]
 
-    def pair(self, i: int, epoch: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Raw (src, tgt) ids of pair i (shards in order), no BOS/EOS; read-only arrays. The same in
-        every `epoch` (wrappers such as `nmt.batches.copy_spans.CopiedPairs` read it per epoch)."""
+    def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Raw (src, tgt) ids of pair i (shards in order), no BOS/EOS; read-only arrays."""
         if not -len(self) <= i < len(self):
             raise IndexError(f"sentence {i} out of range for {self.split} ({len(self)} sentences)")
         i %= len(self)

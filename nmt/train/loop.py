@@ -155,13 +155,12 @@ class BatchFeed:
 
 
 def _loader(data: TrainData) -> Callable[[np.ndarray, int], Batch]:
-    """load(indices, epoch): one training batch as `epoch` reads its pairs (copy examples enciphered
-    afresh), resampled into pieces where ``train.subword_alpha`` is on (`TrainData.subwords`,
-    seeded by epoch and pair)."""
+    """load(indices, epoch): one training batch, its pairs resampled into pieces where
+    ``train.subword_alpha`` is on (`TrainData.subwords`, seeded by epoch and pair)."""
     dataset, subwords = data.dataset, data.subwords
     if subwords is None:
-        return lambda idx, epoch: load_batch(dataset, idx, epoch)
-    return lambda idx, epoch: collate(subwords.resegment(idx, [dataset.pair(int(i), epoch) for i in idx], epoch))
+        return lambda idx, epoch: load_batch(dataset, idx)
+    return lambda idx, epoch: collate(subwords.resegment(idx, [dataset.pair(int(i)) for i in idx], epoch))
 
 
 def _groups(

@@ -32,7 +32,7 @@ class Windows:
         own = self.pairs[self.bounds[k] : self.bounds[k + 1]]
         return np.array([len(s) for s, _ in own]), np.array([len(t) for _, t in own])
 
-    def pair(self, i: int, epoch: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         return self.pairs[i]
 
 
@@ -53,22 +53,6 @@ def test_each_window_keeps_its_pairs_and_gains_joined_pairs_of_its_own():
             firsts = list(dict.fromkeys(s.tolist()))  # the source ids name the pairs joined
             assert len(firsts) == 2 and all(base.bounds[k] <= i < base.bounds[k + 1] for i in firsts)
             assert t.tolist() == [*base.pair(firsts[0])[1], *base.pair(firsts[1])[1]]  # target joined alike
-
-
-def test_joined_pairs_are_read_as_the_epoch_reads_their_parts():
-    """An epoch reads a joined pair's two parts as the wrapped dataset gives them in that epoch (copy
-    examples are enciphered per epoch): own pairs and both parts get the epoch."""
-
-    class ByEpoch(Windows):
-        def pair(self, i: int, epoch: int = 0) -> tuple[np.ndarray, np.ndarray]:
-            s, t = self.pairs[i]
-            return s + 10_000 * epoch, t
-
-    data = ConcatenatedPairs(ByEpoch([10]), 0.5, seed=1)
-    for i in range(len(data)):
-        s0, t0 = data.pair(i)
-        s2, t2 = data.pair(i, 2)
-        assert (s2 - s0).tolist() == [20_000] * len(s0) and t2.tolist() == t0.tolist()
 
 
 def test_the_partners_depend_on_seed_and_window_only():

@@ -68,7 +68,7 @@ def feed_batches(data, state: TrainState, groups: int) -> list[torch.Tensor]:
 
 
 def test_the_feed_resamples_the_same_on_the_prefetch_thread_and_after_a_resume(spm_models, spm_encoded, monkeypatch):
-    dataset = SimpleNamespace(pair=lambda i, epoch=0: spm_encoded[i], __len__=None)
+    dataset = SimpleNamespace(pair=lambda i: spm_encoded[i], __len__=None)
     lengths = [np.array([len(p[side]) for p in spm_encoded]) for side in (0, 1)]
     batches = TokenBatchSampler(*lengths, max_tokens=300, max_len=200, seed=3)
     data = SimpleNamespace(dataset=dataset, sampler=batches, subwords=resegmenter(spm_models))

@@ -30,7 +30,7 @@ class Pairs:
     def __len__(self) -> int:
         return len(self.pairs)
 
-    def pair(self, i: int, epoch: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         return self.pairs[i]
 
 
@@ -94,33 +94,6 @@ def test_the_position_is_that_of_the_groups_handed_out_not_of_those_built(monkey
     finally:
         feed.close()
     assert not feed.ahead._thread.is_alive()
-
-
-class ByEpoch(Pairs):
-    """Pairs whose source ids tell the epoch that read them (as copy examples differ by epoch)."""
-
-    def pair(self, i: int, epoch: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        s, t = self.pairs[i]
-        return s + 1000 * epoch, t
-
-
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_the_feed_reads_each_pair_as_its_epoch_does(monkeypatch, prefetch):
-    if prefetch:
-        monkeypatch.setattr(loop, "PREFETCH_DEVICES", ("cpu",))
-    data = train_data()
-    data.dataset = ByEpoch(120)
-    state, seen = TrainState(), set()
-    feed = loop.BatchFeed(data, 2, state, CPU)
-    try:
-        while state.epoch < 3:
-            epoch = state.epoch
-            for batch in feed.next(state):
-                real = batch.src[batch.src > 3]  # the pairs' own ids (4-49), not pad or EOS
-                seen |= {epoch} if ((real // 1000) == epoch).all() else {-1}
-    finally:
-        feed.close()
-    assert seen == {0, 1, 2}
 
 
 def test_the_synchronous_feed_is_the_default_on_a_cpu():

@@ -197,6 +197,10 @@ class TrainConfig:
     # one character per piece): the model learns to copy what exported runtimes (no pass-through
     # masks) hand it; e.g. 1.0
     copy_spans: float = 0.0
+    # the source embedding of each piece both vocabularies spell alike (letters, digits, punctuation,
+    # placeholders) is the target's row while training (nmt/model/shared_rows.py), so that copying a
+    # name or number letter by letter is what the vectors already say; the saved model is an ordinary one
+    share_piece_embeddings: bool = False
     clip_norm: float = 1.0  # 0 disables clipping
     max_len: int = 256  # pairs with a longer side (in pieces) are skipped
     max_steps: int = 0  # 0 = no limit

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import sentencepiece as spm
 
 from nmt import UNK_ID
@@ -45,3 +46,37 @@ def load_tokenizers(run_dir: Path, config: Config) -> tuple[Tokenizer, Tokenizer
     """(source, target) tokenizers of a run."""
     run = RunDir(run_dir)
     return Tokenizer(run.vocab_model(config.data.src_lang)), Tokenizer(run.vocab_model(config.data.tgt_lang))
+
+
+def shared_pieces(src: Tokenizer, tgt: Tokenizer) -> np.ndarray:
+    """(K, 2) int64: (source id, target id) of every piece the two vocabularies spell alike: the
+    same piece ("K", "▁M", "⦅0⦆"), or an ASCII character one side holds as a piece and the other as
+    its byte ("u" and "<0x75>"). Control pieces and <unk> are never shared; used by
+    ``train.share_piece_embeddings`` (nmt/model/shared_rows.py)."""
+    pairs = []
+    for i in range(src.vocab_size):
+        if src.sp.is_control(i) or src.sp.is_unknown(i):
+            continue
+        j = _same_piece(tgt.sp, _as_text(src.sp, i))
+        if j is not None:
+            pairs.append((i, j))
+    return np.array(pairs, dtype=np.int64).reshape(-1, 2)
+
+
+def _as_text(sp: spm.SentencePieceProcessor, i: int) -> str:
+    """Piece i, with a byte piece of a printable ASCII character as that character."""
+    piece = sp.id_to_piece(i)
+    if sp.is_byte(i) and 0x21 <= (byte := int(piece[3:5], 16)) < 0x7F:
+        return chr(byte)
+    return piece
+
+
+def _same_piece(sp: spm.SentencePieceProcessor, text: str) -> int | None:
+    """The id `sp` gives `text` as one piece, or as its byte piece (one ASCII character); None."""
+    j = sp.piece_to_id(text)
+    if j != sp.unk_id() and not sp.is_control(j):
+        return j
+    if len(text) == 1 and 0x21 <= ord(text) < 0x7F:
+        j = sp.piece_to_id(f"<0x{ord(text):02X}>")
+        return j if j != sp.unk_id() and sp.is_byte(j) else None
+    return None

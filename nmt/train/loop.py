@@ -49,9 +49,12 @@ from nmt.batches.concat import ConcatenatedPairs
 from nmt.batches.copy_spans import CopiedPairs, CopySettings
 from nmt.batches.subword_sampling import Resegmenter
 from nmt.config import Config
+from nmt.data.tokenizer import shared_pieces
 from nmt.data.vocab import check_vocab_copied
+from nmt.errors import NmtError
 from nmt.hw.device import describe, resolve_device, set_threads, training_precision
 from nmt.model.flops import train_flops, training_peak_flops
+from nmt.model.shared_rows import SharedRowsEmbedding, share_rows
 from nmt.model.wrappers import wrap
 from nmt.run import weights as ckpt
 from nmt.run.layout import RunDir
@@ -242,6 +245,14 @@ def build_seeded(config: Config, vocab: tuple[int, int], device: torch.device, b
     return build(config, *vocab).to(device)
 
 
+def share_piece_rows(model: nn.Module, data: TrainData) -> SharedRowsEmbedding:
+    """``train.share_piece_embeddings``: the model's source rows of the pieces both vocabularies
+    spell alike read from its target table (`nmt.model.shared_rows`); the `SharedRowsEmbedding`."""
+    if data.src_tok is None or not all(hasattr(model, name) for name in ("src_embed", "tgt_embed")):
+        raise NmtError("train.share_piece_embeddings: needs the run's vocabularies (nmt vocab) and a Transformer")
+    return share_rows(model, torch.from_numpy(shared_pieces(data.src_tok, data.tgt_tok)))
+
+
 def describe_model(model: nn.Module) -> str:
     """`nmt.model.transformer.model_summary`, or a parameter count for other modules."""
     try:
@@ -288,8 +299,11 @@ class _Run:
         if self.resumed.path is None and t.init_from:
             check_vocab_copied(config, run_dir)
             self.resumed.notes.append(init_weights(self.model, config))
+        self.shared = shared = share_piece_rows(self.model, self.data) if t.share_piece_embeddings else None
         model = wrap(self.model, config.train.compile, info.world_size, device)
         self.trainer = Trainer(model, t, device, precision=self.precision)
+        if shared is not None:  # the source table whole after every step: checkpoints, EMA, exports
+            self.trainer.optimizer.register_step_post_hook(lambda *_: shared.sync())
         if self.resumed.state is not None:
             self.trainer.load_state_dict(self.resumed.state, restore_rng=info.is_main)
             note = reshard(self.trainer.state, self.resumed.state.get("world_size", 1), info.world_size)
@@ -377,6 +391,9 @@ class _Run:
         for note in self.resumed.notes:
             self.log.line(note)
         self.log.line(describe_model(self.model))
+        if self.shared is not None:
+            rows = len(self.shared.src_rows)
+            self.log.line(f"train.share_piece_embeddings: {rows} source pieces read the target table's rows")
         where = describe(self.device, self.precision, self.config.train.precision)
         self.log.line(f"device: {where}, ranks {self.info.world_size}")
         if self.peak:

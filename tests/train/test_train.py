@@ -21,6 +21,7 @@ from toy_runs import Steps
 
 from nmt.config import Config, load_config
 from nmt.data import encoded
+from nmt.errors import NmtError
 from nmt.hw.device import training_precision
 from nmt.run import weights as ckpt
 from nmt.run.layout import RunDir
@@ -350,3 +351,36 @@ def test_max_time_counts_validation_and_checkpoints(tmp_path, monkeypatch):
     assert "training-loop wall time, validation and checkpoints included" in log
     state = ckpt.load_trainer_state(ckpt.latest_checkpoint(tmp_path / "t" / "checkpoints"))
     assert state["train"]["elapsed"] >= 1.0  # saved, so a resumed run continues the same budget
+
+
+# --------------------------------------------------------------------------- shared piece rows
+
+
+def test_shared_piece_rows_train_into_ordinary_checkpoints(trained_run):
+    """train.share_piece_embeddings: every checkpoint written, the moving average's included,
+    holds source rows equal to the target rows they read (nmt/model/shared_rows.py), so that
+    decoding and export need nothing of it; the other rows are the source table's own."""
+    from conftest import TINY_LEARNS
+
+    from nmt.data.tokenizer import load_tokenizers, shared_pieces
+
+    overrides = ["train.share_piece_embeddings=true", "train.max_steps=6", "train.eval_every=3", "train.ema_decay=0.9"]
+    config = load_config(TINY, [*TINY_LEARNS, *overrides])
+    fit(config, trained_run, restart=True)
+    pairs = torch.from_numpy(shared_pieces(*load_tokenizers(trained_run, config)))
+    unshared = sorted(set(range(4, 40)) - set(pairs[:, 0].tolist()))
+    checkpoints = trained_run / "checkpoints"
+    written = [*ckpt.complete_checkpoints(checkpoints), checkpoints / "best.safetensors"]
+    for path in written:
+        weights, _ = ckpt.load_weights(path)
+        src, tgt = weights["src_embed.weight"], weights["tgt_embed.weight"]
+        assert torch.equal(src[pairs[:, 0]], tgt[pairs[:, 1]]), path.name
+        assert not torch.equal(src[unshared], tgt[unshared]), path.name
+    assert len(written) >= 3
+    assert f"{len(pairs)} source pieces read the target table's rows" in (trained_run / "train.log").read_text()
+
+
+def test_shared_piece_rows_need_the_run_vocabularies(tmp_path):
+    synthetic_run(tmp_path / "r", "copy", n_train=20, n_valid=4)
+    with pytest.raises(NmtError, match="train.share_piece_embeddings: needs the run's vocabularies"):
+        fit(synth_config("train.share_piece_embeddings=true", "train.max_steps=1"), tmp_path / "r")

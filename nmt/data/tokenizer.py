@@ -48,6 +48,9 @@ def load_tokenizers(run_dir: Path, config: Config) -> tuple[Tokenizer, Tokenizer
     return Tokenizer(run.vocab_model(config.data.src_lang)), Tokenizer(run.vocab_model(config.data.tgt_lang))
 
 
+_PRINTABLE_ASCII = range(0x21, 0x7F)  # the characters a byte piece and a letter piece may both spell
+
+
 def shared_pieces(src: Tokenizer, tgt: Tokenizer) -> np.ndarray:
     """(K, 2) int64: (source id, target id) of every piece the two vocabularies spell alike: the
     same piece ("K", "▁M", "⦅0⦆"), or an ASCII character one side holds as a piece and the other as
@@ -66,7 +69,7 @@ def shared_pieces(src: Tokenizer, tgt: Tokenizer) -> np.ndarray:
 def _as_text(sp: spm.SentencePieceProcessor, i: int) -> str:
     """Piece i, with a byte piece of a printable ASCII character as that character."""
     piece = sp.id_to_piece(i)
-    if sp.is_byte(i) and 0x21 <= (byte := int(piece[3:5], 16)) < 0x7F:
+    if sp.is_byte(i) and (byte := int(piece[3:5], 16)) in _PRINTABLE_ASCII:
         return chr(byte)
     return piece
 
@@ -76,7 +79,7 @@ def _same_piece(sp: spm.SentencePieceProcessor, text: str) -> int | None:
     j = sp.piece_to_id(text)
     if j != sp.unk_id() and not sp.is_control(j):
         return j
-    if len(text) == 1 and 0x21 <= ord(text) < 0x7F:
+    if len(text) == 1 and ord(text) in _PRINTABLE_ASCII:
         j = sp.piece_to_id(f"<0x{ord(text):02X}>")
         return j if j != sp.unk_id() and sp.is_byte(j) else None
     return None

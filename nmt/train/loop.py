@@ -299,11 +299,11 @@ class _Run:
         if self.resumed.path is None and t.init_from:
             check_vocab_copied(config, run_dir)
             self.resumed.notes.append(init_weights(self.model, config))
-        self.shared = shared = share_piece_rows(self.model, self.data) if t.share_piece_embeddings else None
+        self.shared = share_piece_rows(self.model, self.data) if t.share_piece_embeddings else None
         model = wrap(self.model, config.train.compile, info.world_size, device)
         self.trainer = Trainer(model, t, device, precision=self.precision)
-        if shared is not None:  # the source table whole after every step: checkpoints, EMA, exports
-            self.trainer.optimizer.register_step_post_hook(lambda *_: shared.sync())
+        if self.shared is not None:  # the source table whole after every step: checkpoints, EMA, exports
+            self.trainer.optimizer.register_step_post_hook(lambda *_: self.shared.sync())
         if self.resumed.state is not None:
             self.trainer.load_state_dict(self.resumed.state, restore_rng=info.is_main)
             note = reshard(self.trainer.state, self.resumed.state.get("world_size", 1), info.world_size)

@@ -39,12 +39,19 @@ class _MaskedScale(torch.autograd.Function):
         keep = keep_mask(x.shape, p, x.device)
         ctx.save_for_backward(keep)
         ctx.scale = 1.0 / (1.0 - p)
-        return x.mul(keep).mul_(ctx.scale)
+        return x.mul(as_ones(keep, x.dtype)).mul_(ctx.scale)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         (keep,) = ctx.saved_tensors
-        return grad.mul(keep).mul_(ctx.scale), None
+        return grad.mul(as_ones(keep, grad.dtype)).mul_(ctx.scale), None
+
+
+def as_ones(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A bool `mask` as 1.0 / 0.0 in `dtype`. Read as bytes first: ATen converts uint8 to a float
+    type in vectorised code, bool element by element, and multiplying by a bool mask converts it
+    the slow way inside the product (docs/benchmarks-log.md, "Cheaper dropout masks")."""
+    return mask.view(torch.uint8).to(dtype)
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:

@@ -11,7 +11,7 @@ import torch
 from nmt import PAD_ID
 from nmt.config import ModelConfig
 from nmt.model.attention import MultiHeadAttention
-from nmt.model.dropout import Dropout, dropout, keep_mask
+from nmt.model.dropout import Dropout, as_ones, dropout, keep_mask
 from nmt.model.transformer import FeedForward, Transformer
 
 V = 30
@@ -96,6 +96,22 @@ def test_dropout_scales_the_kept_and_the_gradient_follows_the_same_mask():
     assert torch.allclose(y[kept], x[kept] / 0.75)
     (y * 2).sum().backward()
     assert torch.allclose(x.grad, kept.float() * 2 / 0.75)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_masks_as_ones_give_the_products_of_the_bool_masks(dtype):
+    torch.manual_seed(2)
+    keep = keep_mask((40, 24), 0.3)[:, ::2]  # a strided view, as a mask may come
+    ones = as_ones(keep, dtype)
+    assert ones.dtype == dtype and torch.equal(ones, keep.to(dtype))
+    x = torch.randn(40, 12, dtype=dtype, requires_grad=True)
+    torch.manual_seed(4)
+    y = dropout(x, 0.3)
+    torch.manual_seed(4)
+    mask = keep_mask(x.shape, 0.3)
+    assert torch.equal(y, x.detach().mul(mask).mul_(1 / 0.7))  # bit for bit the bool product
+    y.backward(torch.full_like(y, 3.0))
+    assert torch.equal(x.grad, torch.full_like(x, 3.0).mul(mask).mul_(1 / 0.7))
 
 
 def test_dropout_is_the_identity_outside_training_and_at_zero():

@@ -217,6 +217,9 @@ class TrainConfig:
     # auto = bf16 where the hardware has fast bf16 matmuls (CUDA with bf16, or a CPU with
     # AVX512-BF16/AMX), else fp32: emulated bf16 on an AVX2-only CPU is far slower (`nmt doctor`).
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    # bf16 on a CPU: forward and backward on a bf16 copy of the weights, the optimizer on the fp32
+    # master weights (nmt/train/weight_copy.py); false = autocast over the fp32 weights
+    bf16_weight_copy: bool = True
     compile: bool = False
     threads: int = 0  # torch intra-op threads; 0 = all cores
     device: str = "auto"  # auto | cpu | cuda | cuda:N

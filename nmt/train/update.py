@@ -60,6 +60,7 @@ from nmt.train.objective import (
     set_learning_rate,
 )
 from nmt.train.regularisers import drop_source_words, symmetric_kl
+from nmt.train.weight_copy import WeightCopy
 
 Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # src (B,S), tgt_in (B,T), tgt_out (B,T)
 Packings = tuple[Packing, Packing] | None  # (source, target), on the device
@@ -120,6 +121,14 @@ class _Issued(NamedTuple):
     overflow: bool  # fp16: the GradScaler skipped the step (decided on the host)
 
 
+def uses_weight_copy(model: nn.Module, cfg: TrainConfig, device: torch.device, precision: str) -> bool:
+    """Whether `Trainer` runs forward and backward on a bf16 copy of `model`'s weights
+    (`nmt.train.weight_copy`): ``train.bf16_weight_copy`` in bf16 on a CPU, for a model that is
+    not wrapped (DDP and torch.compile wrap the fp32 model and keep autocast). On CUDA autocast
+    stays: its fused kernels convert in registers, so there is no memory pass to save."""
+    return cfg.bf16_weight_copy and device.type == "cpu" and precision == "bf16" and model is unwrap(model)
+
+
 def host_counts(batch: Batch | Tensors) -> tuple[int, int, int]:
     """(target tokens, padding slots in src + tgt_out, all slots in src + tgt_out) of a micro-batch,
     from the host: a `Batch`'s packings (whose sizes are shapes, on any device), else the tensors
@@ -159,6 +168,10 @@ class Trainer:
         self.splits = device.type == "cpu" and self.packed and isinstance(unwrap(model), SplitsProjection)
         # bf16 on a CPU: token rows padded to a few shapes per layer (torch.compile makes its own kernels)
         self.row_bucket = 0 if cfg.compile else matmul_row_bucket(device, precision, cfg.max_tokens)
+        # bf16 on a CPU, one process, not compiled: forward and backward on a bf16 copy of the weights
+        self.copy = WeightCopy(model) if uses_weight_copy(model, cfg, device, precision) else None
+        self.forward_model = model if self.copy is None else self.copy.model
+        self.compute_precision = precision if self.copy is None else "fp32"  # a bf16 copy needs no autocast
         self.fused = bool(self.optimizer.defaults.get("fused"))  # its step takes found_inf: skips on the device
         self._issued: list[_Issued] = []
         self._settled: list[StepResult] = []  # read back, not yet handed out by `sync`
@@ -170,6 +183,8 @@ class Trainer:
         device: schedule, forward + loss and backward of each, clip, step (skipped on the device
         where the loss or gradient norm is not finite). `sync` reads it back; `flops` rides along."""
         self.model.train()
+        if self.copy is not None:
+            self.copy.refresh()
         number = self.state.step + 1
         lr = self._schedule(number)  # schedule
         counts = [host_counts(b) for b in batches]
@@ -180,6 +195,8 @@ class Trainer:
             with self._no_sync(last=i == len(batches) - 1):
                 objective, loss, nll = self._loss(src, tgt_in, tgt_out, packing)  # forward, loss
                 self.scaler.scale(objective * scale).backward()  # backward
+            if self.copy is not None:
+                self.copy.collect()  # the copy's gradients into the master's, in fp32
             sums += torch.stack([loss.detach(), nll]).double()
         sums = all_reduce_sum(sums)
         self.scaler.unscale_(self.optimizer)
@@ -265,14 +282,14 @@ class Trainer:
         (`nmt.train.regularisers.symmetric_kl`). Otherwise one pass, objective = loss."""
         eps, passes = self.cfg.label_smoothing, 2 if self.cfg.rdrop_alpha > 0 else 1
         if passes == 1 and self.splits:
-            with autocast(self.device, self.precision), row_buckets(self.row_bucket):
+            with autocast(self.device, self.compute_precision), row_buckets(self.row_bucket):
                 h, target = self._logits(src, tgt_in, tgt_out, packing, project=False)  # (N, D), (N,)
-                weight = unwrap(self.model).output_weight
+                weight = unwrap(self.forward_model).output_weight
                 loss, nll, _ = projected_label_smoothed_nll(h, weight, target, eps, self.row_bucket)
             return loss, loss, nll
         outs = []
         for _ in range(passes):
-            with autocast(self.device, self.precision), row_buckets(self.row_bucket):
+            with autocast(self.device, self.compute_precision), row_buckets(self.row_bucket):
                 logits, target = self._logits(src, tgt_in, tgt_out, packing)
             outs.append((logits, *label_smoothed_nll(logits, target, eps, packed=self.packed)[:2]))
         if passes == 1:
@@ -292,10 +309,10 @@ class Trainer:
         if not project:
             extra["project"] = False
         if not self.packed:
-            return self.model(src, tgt_in, **extra), tgt_out
+            return self.forward_model(src, tgt_in, **extra), tgt_out
         keep = tgt_out != PAD_ID  # (B, T)
         target = tgt_out[keep] if packing is None else tgt_out.flatten()[packing[1].index]
-        return self.model(src, tgt_in, keep, **extra), target
+        return self.forward_model(src, tgt_in, keep, **extra), target
 
     def _no_sync(self, last: bool) -> contextlib.AbstractContextManager:
         """DDP: no gradient all-reduce before the last micro-batch of an update."""

@@ -25,6 +25,10 @@ update and the read-back that finds it, the learning-rate schedule runs one upda
 fp16 keeps one wait per update (its GradScaler decides on the host); boolean masks still wait (the
 padded targets of a model that does not pack logits, the Transformer's own selection of the
 ``keep`` positions).
+
+In bf16 on a CPU (one process, not compiled) forward and backward run on a bf16 copy of the
+weights and the optimizer steps the fp32 model (`nmt.train.weight_copy`, `uses_weight_copy`);
+elsewhere the forward runs under autocast over the fp32 weights.
 """
 
 from __future__ import annotations

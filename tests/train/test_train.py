@@ -258,8 +258,8 @@ def test_sigkill_mid_run_then_resume(tmp_path):
 @pytest.mark.precision
 def test_bf16_training_reaches_the_bleu_of_fp32(copy_runs):
     """train.precision auto picks bf16 on every host with fast bf16 matmuls: the same task, seed and
-    updates trained under bf16 autocast reach fp32's BLEU within `BF16_MARGIN` (the spread over
-    kinds and seeds: docs/BENCHMARKS.md)."""
+    updates trained in bf16 (on a CPU: a bf16 copy of the weights, `nmt.train.weight_copy`) reach
+    fp32's BLEU within `BF16_MARGIN` (the spread over kinds and seeds: docs/BENCHMARKS.md)."""
     if "bf16" not in copy_runs:
         pytest.skip("this CPU runs no bf16 matmul (nmt doctor: matmul-bf16)")
     fp32, bf16 = copy_runs["fp32"][1]["best_bleu"], copy_runs["bf16"][1]["best_bleu"]

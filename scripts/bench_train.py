@@ -19,6 +19,7 @@ windows show).
     python scripts/bench_train.py                      # fp32/bf16 × sdpa/math
     python scripts/bench_train.py --variants fp32-sdpa,fp32-sdpa-compile --steps 50
     python scripts/bench_train.py --config configs/small.yaml --variants fp32-auto,bf16-auto --steps 150
+    python scripts/bench_train.py --config configs/small.yaml --variants bf16-auto-autocast,bf16-auto --steps 150
 """
 
 from __future__ import annotations
@@ -65,11 +66,14 @@ def parse_args() -> argparse.Namespace:
 
 
 def reference_config(variant: str, recipe: Path | None = None) -> Config:
-    """The config of `variant` ("precision-backend[-compile]"): the reference shape, or `recipe` as it is."""
+    """The config of `variant` ("precision-backend[-compile][-autocast]"): the reference shape, or
+    `recipe` as it is. ``autocast``: bf16 on a CPU under autocast over the fp32 weights instead of
+    in a bf16 copy of them (``train.bf16_weight_copy``)."""
     precision, backend, *extra = variant.split("-")
     overrides = [
         f"train.precision={precision}", f"model.attention={backend}",
         f"train.compile={'true' if 'compile' in extra else 'false'}",
+        f"train.bf16_weight_copy={'false' if 'autocast' in extra else 'true'}",
     ]  # fmt: skip
     if recipe is not None:
         return load_config(recipe, overrides)

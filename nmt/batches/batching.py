@@ -259,16 +259,32 @@ def _window_batches(
     return idx, np.array(cuts, dtype=np.int64)
 
 
+def id_matrix(
+    seqs: Sequence[Sequence[int]], width: int, *, first: int | None = None, last: int | None = None
+) -> np.ndarray:
+    """(B, width) int64 rows, right-padded with PAD_ID: each sequence, after `first` and followed
+    by `last` where they are given. One scatter of the joined ids into the padded matrix (no
+    Python loop over the sentences); `width` must hold the longest row."""
+    lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))  # (B,)
+    rows = np.full((len(seqs), width), PAD_ID, dtype=np.int64)
+    start = 0 if first is None else 1
+    if first is not None:
+        rows[:, 0] = first
+    if lengths.sum():
+        body = np.arange(width - start) < lengths[:, None]  # (B, width - start): the ids' slots
+        rows[:, start:][body] = np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs])
+    if last is not None:
+        rows[np.arange(len(seqs)), lengths + start] = last
+    return rows
+
+
 def pad_sources(seqs: Sequence[Sequence[int]]) -> torch.Tensor:
     """THE padded source batch: (B, S) int64, each sequence + EOS, right-padded with PAD_ID.
 
     S is the longest sequence + 1. Used by training (`collate`), validation and every
     decoding engine."""
-    src = torch.full((len(seqs), max(len(s) for s in seqs) + 1), PAD_ID, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        src[i, : len(s)] = torch.as_tensor(np.asarray(s, dtype=np.int64))
-        src[i, len(s)] = EOS_ID
-    return src
+    width = max(len(s) for s in seqs) + 1
+    return torch.from_numpy(id_matrix(seqs, width, last=EOS_ID))
 
 
 @dataclass(frozen=True, eq=False)
@@ -319,18 +335,12 @@ def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Batch:
 
     src = ids + [EOS] (`pad_sources`); tgt_in = [BOS] + ids; tgt_out = ids + [EOS].
     """
-    n = len(pairs)
     src_lengths = [len(s) + 1 for s, _ in pairs]  # real tokens per row, EOS included
     tgt_lengths = [len(t) + 1 for _, t in pairs]  # BOS (tgt_in) or EOS (tgt_out) included
     t_len = max(tgt_lengths)
-    tgt_in = torch.full((n, t_len), PAD_ID, dtype=torch.long)
-    tgt_out = torch.full((n, t_len), PAD_ID, dtype=torch.long)
-    for i, (_, t) in enumerate(pairs):
-        t_ids = torch.as_tensor(np.asarray(t, dtype=np.int64))
-        tgt_in[i, 0] = BOS_ID
-        tgt_in[i, 1 : len(t_ids) + 1] = t_ids
-        tgt_out[i, : len(t_ids)] = t_ids
-        tgt_out[i, len(t_ids)] = EOS_ID
+    targets = [t for _, t in pairs]
+    tgt_in = torch.from_numpy(id_matrix(targets, t_len, first=BOS_ID))
+    tgt_out = torch.from_numpy(id_matrix(targets, t_len, last=EOS_ID))
     src = pad_sources([s for s, _ in pairs])
     src_packing = packing_from_lengths(src_lengths, src.size(1))
     return Batch(src, tgt_in, tgt_out, src_packing, packing_from_lengths(tgt_lengths, t_len))

@@ -12,6 +12,7 @@ from nmt.batches.batching import (
     TokenBatchSampler,
     WindowSampler,
     collate,
+    id_matrix,
     load_batch,
     pad_sources,
 )
@@ -189,6 +190,20 @@ def test_collate_adds_bos_eos_and_right_pads():
     assert tgt_in.tolist() == [[BOS_ID, 8, PAD_ID, PAD_ID, PAD_ID], [BOS_ID, 10, 11, 12, 13]]
     assert tgt_out.tolist() == [[8, EOS_ID, PAD_ID, PAD_ID, PAD_ID], [10, 11, 12, 13, EOS_ID]]
     assert src.dtype == tgt_in.dtype == torch.long
+
+
+def test_id_matrix_is_the_row_by_row_padding():
+    rng = np.random.default_rng(7)
+    seqs = [rng.integers(4, 50, rng.integers(0, 9)).astype(np.int32) for _ in range(40)] + [[], [3]]
+    for first, last, extra in ((None, EOS_ID, 1), (BOS_ID, None, 1), (None, None, 0), (BOS_ID, EOS_ID, 2)):
+        width = max(len(q) for q in seqs) + extra + 3  # wider than needed: the rest is padding
+        expected = np.full((len(seqs), width), PAD_ID, dtype=np.int64)
+        for i, q in enumerate(seqs):
+            row = ([] if first is None else [first]) + list(q) + ([] if last is None else [last])
+            expected[i, : len(row)] = row
+        got = id_matrix(seqs, width, first=first, last=last)
+        assert got.dtype == np.int64 and np.array_equal(got, expected)
+    assert np.array_equal(id_matrix([[], []], 2, last=EOS_ID), [[EOS_ID, PAD_ID], [EOS_ID, PAD_ID]])
 
 
 def test_padding_waste_matches_collated_batches():

@@ -397,7 +397,7 @@ class _Run:
         where = describe(self.device, self.precision, self.config.train.precision)
         self.log.line(f"device: {where}, ranks {self.info.world_size}")
         if self.trainer.copy is not None:
-            self.log.line("train.bf16_weight_copy: forward and backward in a bf16 copy of the weights, fp32 master weights")
+            self.log.line("train.bf16_weight_copy: forward and backward on bf16 weights, fp32 master weights")
         if self.peak:
             peak = f"{self.peak / 1e12:.1f} TFLOP/s" if self.peak >= 1e12 else f"{self.peak / 1e9:.1f} GFLOP/s"
             self.log.line(f"matmul peak {peak} (measured once per host): mfu is against it")

@@ -222,3 +222,17 @@ def spm_encoded(spm_models):
     """`SPM_PAIRS` as stored pieces (the best segmentation), as `nmt vocab` writes them."""
     sps = [spm.SentencePieceProcessor(model_file=str(m)) for m in spm_models]
     return [(np.array(sps[0].encode(zh)), np.array(sps[1].encode(en))) for zh, en in SPM_PAIRS]
+
+
+def record_step_grads(trainer) -> list[torch.Tensor]:
+    """A list that gets a clone of every gradient `trainer`'s optimizer steps with, in
+    `trainer.params` order, at each step (the step itself still runs)."""
+    seen: list[torch.Tensor] = []
+    step = trainer.optimizer.step
+
+    def recorded(*args, **kwargs):
+        seen.extend(p.grad.clone() for p in trainer.params)
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = recorded
+    return seen

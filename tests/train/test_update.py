@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import record_step_grads
 from torch import nn
 
 from nmt.batches.batching import Batch, collate
@@ -255,15 +256,7 @@ def test_a_transformer_update_is_the_same_with_the_loss_fused_into_the_projectio
     ta, tb = (Trainer(m, constant_lr(), torch.device("cpu"), precision="fp32") for m in (a, b))
     tb.splits = False
     assert ta.splits
-    grads: dict[str, list[torch.Tensor]] = {"a": [], "b": []}
-    for name, trainer in (("a", ta), ("b", tb)):
-        step = trainer.optimizer.step
-
-        def recorded(*args, _name=name, _trainer=trainer, _step=step, **kwargs):
-            grads[_name] += [p.grad.clone() for p in _trainer.params]
-            return _step(*args, **kwargs)
-
-        trainer.optimizer.step = recorded
+    grads = {"a": record_step_grads(ta), "b": record_step_grads(tb)}
     ra, rb = one_update(ta, batches(6)), one_update(tb, batches(6))
     assert ra.loss == pytest.approx(rb.loss, rel=1e-6) and ra.nll == pytest.approx(rb.nll, rel=1e-6)
     assert len(grads["a"]) == len(grads["b"]) == len(ta.params)

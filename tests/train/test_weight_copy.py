@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import record_step_grads
 
 from nmt.batches.batching import Batch, collate
 from nmt.config import ModelConfig, TrainConfig
@@ -112,15 +113,7 @@ def test_an_update_on_the_copy_matches_autocast_and_steps_the_fp32_master():
     copied = Trainer(a, constant_lr(precision="bf16"), CPU, precision="bf16")
     autocast = Trainer(b, constant_lr(precision="bf16", bf16_weight_copy=False), CPU, precision="bf16")
     assert copied.copy is not None and autocast.copy is None
-    grads: dict[str, list[torch.Tensor]] = {"copy": [], "autocast": []}
-    for name, trainer in (("copy", copied), ("autocast", autocast)):
-        step = trainer.optimizer.step
-
-        def recorded(*args, _name=name, _trainer=trainer, _step=step, **kwargs):
-            grads[_name] += [p.grad.clone() for p in _trainer.params]
-            return _step(*args, **kwargs)
-
-        trainer.optimizer.step = recorded
+    grads = {"copy": record_step_grads(copied), "autocast": record_step_grads(autocast)}
     for seed in (1, 2):
         ra, rb = one_update(copied, batches(seed, 8)), one_update(autocast, batches(seed, 8))
         assert ra.loss == pytest.approx(rb.loss, rel=2e-2) and ra.grad_norm == pytest.approx(rb.grad_norm, rel=5e-2)

@@ -458,7 +458,7 @@ def _check_train(t: TrainConfig, m: ModelConfig, need: Need) -> None:
     need(0.0 <= t.concat_pairs <= 1.0, "train.concat_pairs", f"{t.concat_pairs} is outside [0, 1] (0 = off)")
     need(0.0 <= t.ema_decay < 1.0, "train.ema_decay", f"{t.ema_decay} is outside [0, 1) (0 = off)")
     need(0.0 <= t.subword_alpha <= 1.0, "train.subword_alpha", f"{t.subword_alpha} is outside [0, 1] (0 = off)")
-    need(0.0 <= t.copy_spans <= 4.0, "train.copy_spans", f"{t.copy_spans} is outside [0, 4] (0 = off)")
+    need(0.0 <= t.copy_spans <= 16.0, "train.copy_spans", f"{t.copy_spans} is outside [0, 16] (0 = off)")
     need(t.max_len >= 2, "train.max_len", "must be at least 2")
     need(
         t.max_len < m.max_positions,

@@ -138,6 +138,9 @@ class VocabConfig:
     src_coverage: float | None = None
     tgt_coverage: float | None = None
     byte_fallback: bool = True  # on the zh side; guarantees no <unk>
+    # on the other side too (256 of its pieces become bytes): it can then write any letter a name
+    # holds ("Timuçin", "Wienczysława") where its pieces lack it, as copies teach (train.copy_spans)
+    byte_fallback_en: bool = False
     # SentencePiece trains on a seeded sample of the train pairs (nmt/data/vocab_sample.py): the pairs of
     # smallest key up to this many characters per side. Its memory grows with this, not with the corpus:
     # about 50 bytes per character on the zh side and 25 on the en side, both sides at once (BENCHMARKS)

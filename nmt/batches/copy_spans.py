@@ -16,7 +16,9 @@ The source is encoded as raw text is at translation time (the best segmentation)
 spells each made-up span one character per piece (`spell_spans`), so that the model copies letter
 by letter, in step with the source (decoded, the pieces give the same text). "我有三只猫。" / "I have
 three cats." may give "我有47只猫。" / "I have 47 cats."; "汤姆在哪里？" / "Where is Tom?" gives
-"Kovemi在哪里？" / "Where is Kovemi?". The pair itself stays, so 汤姆 is still translated.
+"Kovemi在哪里？" / "Where is Kovemi?". The pair itself stays, so 汤姆 is still translated. Where
+both vocabularies can write accented letters (``vocab.byte_fallback_en`` gives the English side
+its bytes), a fifth of the made-up names hold one ("Brandél"), as Tatoeba's names do ("Timuçin").
 
 The copies are made once, when training opens its data (every pair of the split that may give
 one is decoded: about a second for Tatoeba's 24k pairs, minutes at tens of millions), from
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -53,17 +56,43 @@ NUMBER_ANCHORS = (
 _SALT = 0xC0B1  # keeps the copies' draws apart from the sampler's and the joined pairs' (seed, window) streams
 _PLACEHOLDER = re.compile("⦅\\d+⦆")
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
+# lower-case letters of Latin-1 and Latin Extended-A that names of Tatoeba's languages hold
+# ("Timuçin", "Wienczysława", "Yaguatí"); a made-up name may take one, where both vocabularies
+# can write it (`writable_accents`), so that a model copies them too instead of stopping there
+ACCENTED = "áàâäãåçéèêëíìîïñóòôöõøúùûüýÿłśźżćęąčšžřěőűğş"
+ACCENT_SHARE = 0.2  # of the made-up names, when some accented letter is writable
 _ONSETS = ("", "", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z",
            "br", "ch", "cl", "dr", "fr", "gr", "kr", "pl", "sh", "st", "th", "tr")  # fmt: skip
 _NUCLEI = ("a", "e", "i", "o", "u", "y", "ai", "ea", "ie", "oo", "ou")
 _CODAS = ("", "", "", "n", "r", "s", "l", "t", "m", "ck", "nd", "rt", "ll", "x", "b", "ng", "nn", "ss", "tt")
 
 
-def made_up_name(rng: np.random.Generator) -> str:
+def made_up_name(rng: np.random.Generator, accents: str = "") -> str:
     """A Latin token a model cannot have learnt to translate: a name ("Brandel", "Oskit"), random
     letters ("Qxvt"), an acronym ("QTX"), a brand ("iDavon") or letters with digits ("K7", "ZR-450").
     Varied on purpose: names of one shape only (consonant-vowel syllables) taught a model to bend
-    real names into that shape ("Bob" → "Bobo")."""
+    real names into that shape ("Bob" → "Bobo").
+
+    `accents`: accented letters the vocabularies can write; with some, a share (ACCENT_SHARE) of
+    the names has one lower-case letter replaced by one of them ("Brandél"). Without, the draws
+    are those of a name without accents, so older runs' copies stay the same."""
+    name = _plain_name(rng)
+    if accents and rng.random() < ACCENT_SHARE:
+        lower = [i for i, c in enumerate(name) if c in _LETTERS]
+        if lower:
+            i = lower[int(rng.integers(len(lower)))]
+            name = name[:i] + str(rng.choice(list(accents))) + name[i + 1 :]
+    return name
+
+
+def writable_accents(sides: list[spm.SentencePieceProcessor]) -> str:
+    """The letters of ACCENTED that every one of `sides` encodes without <unk> (as a piece or as
+    its UTF-8 bytes)."""
+    return "".join(c for c in ACCENTED if all(UNK_ID not in sp.encode(c, out_type=int) for sp in sides))
+
+
+def _plain_name(rng: np.random.Generator) -> str:
+    """`made_up_name` without accents."""
     kind = rng.random()
     if kind < 0.5:  # a name of 1-3 syllables with onsets, vowels and codas of English names
         return _syllables(rng, int(rng.integers(1, 4))).capitalize()
@@ -135,6 +164,7 @@ class CopiedPairs:
         self.dataset, self.settings = dataset, settings
         self.sides = [spm.SentencePieceProcessor(model_file=str(p)) for p in models]
         self.zh_side = 0 if settings.src_lang == "zh" else 1  # which of (source, target) is Chinese
+        self.accents = writable_accents(self.sides)
         self.base = np.asarray(dataset.window_bounds(), dtype=np.int64)  # (S+1,) the split's own bounds
         self.made = [self._make(k) for k in range(len(self.base) - 1)]  # per window: [(src ids, tgt ids)]
         counts = np.array([len(m) for m in self.made], dtype=np.int64)
@@ -185,7 +215,7 @@ class CopiedPairs:
         texts = [sp.decode([int(t) for t in ids]) for sp, ids in zip(self.sides, pair, strict=True)]
         zh_side, out = self.zh_side, []
         for _ in range(wanted):
-            filled = fill_slots(texts[zh_side], texts[1 - zh_side], rng)
+            filled = fill_slots(texts[zh_side], texts[1 - zh_side], rng, self.accents)
             if filled is None:
                 return []
             zh, en, made_up = filled
@@ -197,18 +227,19 @@ class CopiedPairs:
         return out
 
 
-def fill_slots(zh: str, en: str, rng: np.random.Generator) -> tuple[str, str, list[str]] | None:
+def fill_slots(zh: str, en: str, rng: np.random.Generator, accents: str = "") -> tuple[str, str, list[str]] | None:
     """(zh, en, the made-up spans) with every placeholder held by both sides and one anchor word
     pair replaced by made-up spans, the same text on both sides; None where the pair holds no
-    such slot."""
+    such slot. `accents`: as `made_up_name` takes it."""
     placeholders = sorted(set(_PLACEHOLDER.findall(zh)) & set(_PLACEHOLDER.findall(en)))
-    anchors = [(z, e, made_up_name) for z, e in NAME_ANCHORS if _once(z, e, zh, en)]
+    name = partial(made_up_name, accents=accents)
+    anchors = [(z, e, name) for z, e in NAME_ANCHORS if _once(z, e, zh, en)]
     anchors += [(z, e, made_up_number) for z, e in NUMBER_ANCHORS if _once(z, e, zh, en)]
     if not placeholders and not anchors:
         return None
     made = []
     for placeholder in placeholders:
-        made.append((made_up_name if rng.random() < 0.5 else made_up_number)(rng))
+        made.append((name if rng.random() < 0.5 else made_up_number)(rng))
         zh, en = zh.replace(placeholder, made[-1]), en.replace(placeholder, made[-1])
     if anchors:
         z, e, make = anchors[int(rng.integers(len(anchors)))]

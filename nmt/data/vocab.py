@@ -190,7 +190,7 @@ def train_model(config: Config, sample: Path, model: Path, side: str, text: Path
     size, coverage = (v.src_size, v.src_coverage) if side == "src" else (v.tgt_size, v.tgt_coverage)
     chinese = (config.data.src_lang if side == "src" else config.data.tgt_lang) == "zh"
     coverage = coverage if coverage is not None else (0.9995 if chinese else 1.0)  # by language
-    byte_fallback = v.byte_fallback and chinese  # rare characters as bytes: never <unk> on the zh side
+    byte_fallback = v.byte_fallback if chinese else v.byte_fallback_en  # rare characters as bytes: no <unk>
     symbols = list(PLACEHOLDERS) if config.data.passthrough else []  # pass-through placeholders, never split
     bt = config.data.backtranslation
     if side == "src" and bt is not None and bt.tag:

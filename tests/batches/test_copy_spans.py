@@ -14,12 +14,14 @@ from conftest import SPM_PAIRS
 
 from nmt import UNK_ID
 from nmt.batches.copy_spans import (
+    ACCENTED,
     CopiedPairs,
     CopySettings,
     fill_slots,
     made_up_name,
     made_up_number,
     spell_spans,
+    writable_accents,
 )
 from nmt.config import PASSTHROUGH_KINDS
 from nmt.data.passthrough import Detector
@@ -43,6 +45,31 @@ def test_made_up_spans_are_what_the_pass_through_score_counts():
     assert len(set(names)) > 250 and len(set(numbers)) > 150  # made up, not drawn from a short list
     assert any(n.isupper() for n in names) and any(any(c.isdigit() for c in n) for n in names)
     assert sum("00" in n for n in numbers) > 30  # years and round numbers: runs of equal digits
+
+
+def test_made_up_names_take_an_accent_only_from_those_given():
+    """With accents, about ACCENT_SHARE of the names hold one of them (and no other non-ASCII
+    letter), each still one `latin` span; without, none does."""
+    rng = np.random.default_rng(0)
+    names = [made_up_name(rng, "çł") for _ in range(1000)]
+    accented = [n for n in names if not n.isascii()]
+    assert 100 < len(accented) < 300
+    assert all(sum(c in "çł" for c in n) == 1 and len(n.encode()) == len(n) + 1 for n in accented)
+    assert all(spans(f"我叫{n}。") == [(n, "latin")] for n in accented)
+    assert all(made_up_name(rng).isascii() for _ in range(1000))
+
+
+def test_writable_accents_are_those_every_side_encodes_without_unk(spm_models, tmp_path):
+    """Byte fallback writes them all; a model without it only the letters among its pieces."""
+    sps = [spm.SentencePieceProcessor(model_file=str(m)) for m in spm_models]
+    assert writable_accents(sps) == ACCENTED
+    (tmp_path / "en.txt").write_text("Il était une fois à Zürich.\n" * 20 + "Tom is here.\n" * 20, encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(tmp_path / "en.txt"), model_prefix=str(tmp_path / "en"), vocab_size=60,
+        hard_vocab_limit=False, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2,
+    )  # fmt: skip
+    plain = spm.SentencePieceProcessor(model_file=str(tmp_path / "en.model"))
+    assert writable_accents([sps[0], plain]) == "àéü"
 
 
 @pytest.mark.parametrize(
@@ -189,6 +216,23 @@ def test_each_pair_with_a_slot_gives_copies_after_its_window(spm_models, spm_enc
     assert [list(x) for x in lengths] == [[len(data.pair(i)[side]) for i in range(first)] for side in (0, 1)]
     with pytest.raises(IndexError):
         data.pair(len(data))
+
+
+def test_copies_hold_accented_names_the_target_spells_as_bytes(spm_models, spm_encoded):
+    """Where both vocabularies can write accented letters (byte fallback), some copies' made-up
+    names hold one; the target spells it as its UTF-8 bytes, which decode to the same name."""
+    sps = [spm.SentencePieceProcessor(model_file=str(m)) for m in spm_models]
+    pair = ("汤姆在哪里？", "Where is Tom?")
+    pairs = [tuple(np.array(sp.encode(text)) for sp, text in zip(sps, pair, strict=True))] * 100
+    data = copied(spm_models, pairs, copies=2.0)
+    made = [pair for window in data.made for pair in window]
+    target = sps[1]
+    accented = 0
+    for (zh, en), (_, tgt) in zip(texts(spm_models, made), made, strict=True):
+        for name in (s for s, kind in spans(zh) if kind == "latin" and not s.isascii()):
+            accented += 1
+            assert name in en and any(target.is_byte(int(i)) for i in tgt)
+    assert 20 < accented < 60  # of 200 names, ACCENT_SHARE = 0.2
 
 
 def test_the_number_of_copies_per_pair(spm_models, spm_encoded):

@@ -238,6 +238,23 @@ def test_too_small_vocab_keeps_only_frequent_chars_with_byte_fallback(real_run, 
     assert report["zh"]["valid_unk_rate"] == 0.0
 
 
+def test_byte_fallback_en_spells_letters_the_english_pieces_lack(real_run, tmp_path):
+    """Off (the default) the English model has no byte pieces and writes "ç" as <unk>; with
+    vocab.byte_fallback_en it spells it as its two UTF-8 bytes, and decodes back to it."""
+    cfg, run, _ = real_run
+    plain = load_tokenizers(run, cfg)[1].sp
+    assert not any(plain.is_byte(i) for i in range(plain.get_piece_size()))
+    assert UNK_ID in plain.encode("Timuçin") and plain.piece_to_id("ç") == UNK_ID
+    run = copy_run(tmp_path, real_run)
+    on = config({"byte_fallback_en": True})
+    report = build_vocab(on, run)
+    assert report["en"]["byte_fallback"] and report["en"]["vocab_size"] == 600
+    bytes_ = load_tokenizers(run, on)[1].sp
+    ids = bytes_.encode("Timuçin")
+    assert UNK_ID not in ids and bytes_.decode(ids) == "Timuçin"
+    assert [bytes_.id_to_piece(i) for i in ids if bytes_.is_byte(i)] == ["<0xC3>", "<0xA7>"]
+
+
 def test_vocab_too_small_without_byte_fallback_names_the_key(real_run, tmp_path):
     run = copy_run(tmp_path, real_run)
     with pytest.raises(NmtError, match=r"vocab\.tgt_size=40 is too small for .*train\.en.*use vocab\.tgt_size >= \d+"):

@@ -141,6 +141,9 @@ class VocabConfig:
     # on the other side too (256 of its pieces become bytes): it can then write any letter a name
     # holds ("Timuçin", "Wienczysława") where its pieces lack it, as copies teach (train.copy_spans)
     byte_fallback_en: bool = False
+    # every digit its own piece on both sides (SentencePiece's split_digits, as LLaMA's and PaLM's
+    # vocabularies): "1955" is 1 9 5 5 wherever it stands, never "▁19" "5" "5" or "10" "0"
+    split_digits: bool = False
     # SentencePiece trains on a seeded sample of the train pairs (nmt/data/vocab_sample.py): the pairs of
     # smallest key up to this many characters per side. Its memory grows with this, not with the corpus:
     # about 50 bytes per character on the zh side and 25 on the en side, both sides at once (BENCHMARKS)

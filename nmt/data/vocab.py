@@ -133,6 +133,7 @@ def _spm_options(v: VocabConfig, size: int, coverage: float, byte_fallback: bool
         "vocab_size": size,
         "character_coverage": coverage,
         "byte_fallback": byte_fallback,
+        "split_digits": v.split_digits,
         "pad_id": PAD_ID,
         "unk_id": UNK_ID,
         "bos_id": BOS_ID,
@@ -205,6 +206,7 @@ def train_model(config: Config, sample: Path, model: Path, side: str, text: Path
         "vocab_size": got,
         "requested_size": size,
         "byte_fallback": byte_fallback,
+        "split_digits": v.split_digits,
         "chars_limited": allowed is not None,
         "threads": SPM_THREADS,
     }

@@ -255,6 +255,26 @@ def test_byte_fallback_en_spells_letters_the_english_pieces_lack(real_run, tmp_p
     assert [bytes_.id_to_piece(i) for i in ids if bytes_.is_byte(i)] == ["<0xC3>", "<0xA7>"]
 
 
+def test_split_digits_gives_every_digit_its_own_piece_on_both_sides(real_run, tmp_path):
+    """Off, the models hold pieces of several digits; with vocab.split_digits none, and a number
+    encodes one digit a piece (the English side may prefix the first with "▁")."""
+    cfg, run, _ = real_run
+
+    def multi_digit(sp) -> list[str]:
+        pieces = (sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not sp.is_byte(i))
+        return [p for p in pieces if sum(c.isdigit() for c in p) > 1]
+
+    assert any(multi_digit(tok.sp) for tok in load_tokenizers(run, cfg))
+    run = copy_run(tmp_path, real_run)
+    on = config({"split_digits": True})
+    build_vocab(on, run)
+    src, tgt = (tok.sp for tok in load_tokenizers(run, on))
+    assert not multi_digit(src) and not multi_digit(tgt)
+    for sp, text in ((src, "他1955年100岁。"), (tgt, "In 1955 he was 100.")):
+        pieces = [sp.decode([i]).strip() for i in sp.encode(text)]  # a byte piece as its character
+        assert [p for p in pieces if any(c.isdigit() for c in p)] == list("1955100")
+
+
 def test_vocab_too_small_without_byte_fallback_names_the_key(real_run, tmp_path):
     run = copy_run(tmp_path, real_run)
     with pytest.raises(NmtError, match=r"vocab\.tgt_size=40 is too small for .*train\.en.*use vocab\.tgt_size >= \d+"):

@@ -146,7 +146,7 @@ class Training:
     def __init__(self, config: Config, run_dir: Path) -> None:
         from nmt.model.wrappers import wrap
         from nmt.train.distributed import DistInfo
-        from nmt.train.loop import BatchFeed, TrainData, build_seeded
+        from nmt.train.loop import BatchFeed, TrainData, build_seeded, share_piece_rows
         from nmt.train.update import Trainer
 
         self.config, self.device = config, torch.device("cpu")
@@ -154,8 +154,11 @@ class Training:
         self.data = TrainData.open(config, run_dir, self.device, DistInfo(), self.precision)
         self.vocab = self.data.vocab_sizes(config)
         self.model = build_seeded(config, self.vocab, self.device, None)
+        shared = share_piece_rows(self.model, self.data) if config.train.share_piece_embeddings else None
         model = wrap(self.model, config.train.compile, 1, self.device)
         self.trainer = Trainer(model, config.train, self.device, precision=self.precision)
+        if shared is not None:  # as the loop does: the shared rows' lookup and their sync after each step
+            self.trainer.optimizer.register_step_post_hook(lambda *_: shared.sync())
         self.feed = BatchFeed(self.data, config.train.update_freq, self.trainer.state, self.device)
 
     def run(self, n: int) -> Updates:

@@ -9,9 +9,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from conftest import ROOT
 
 from nmt.config import load_config
+from nmt.model.shared_rows import SharedRowsEmbedding
 
 spec = importlib.util.spec_from_file_location("profile_train", ROOT / "scripts" / "profile_train.py")
 script = importlib.util.module_from_spec(spec)
@@ -131,3 +133,20 @@ def test_two_profiled_updates_of_the_tiny_config_give_a_table_that_adds_up(prepa
     assert 0 < report["cpu_per_wall"] <= 1.05  # one thread: at most its wall time on a core
     printed = capsys.readouterr().out
     assert "| matmul |" in printed and "MFU" in printed and report["cpu"] in printed
+
+
+@pytest.mark.slow
+def test_the_set_up_shares_piece_rows_as_the_loop_does(prepared_run):
+    """With train.share_piece_embeddings the profiled model reads shared rows from the target
+    table, and the source table holds them again after each update (the loop's sync)."""
+    config = load_config(ROOT / "configs" / "tiny.yaml", ["train.precision=fp32", "train.share_piece_embeddings=true"])
+    training = script.Training(config, prepared_run)
+    try:
+        embed = training.model.src_embed
+        assert isinstance(embed, SharedRowsEmbedding) and len(embed.src_rows) > 10
+        before = training.model.tgt_embed.weight[embed.tgt_rows].detach().clone()
+        training.run(1)
+        after = training.model.tgt_embed.weight[embed.tgt_rows]
+        assert not torch.equal(before, after) and torch.equal(embed.weight[embed.src_rows], after)
+    finally:
+        training.close()

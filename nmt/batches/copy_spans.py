@@ -17,8 +17,8 @@ spells each made-up span one character per piece (`spell_spans`), so that the mo
 by letter, in step with the source (decoded, the pieces give the same text). "我有三只猫。" / "I have
 three cats." may give "我有47只猫。" / "I have 47 cats."; "汤姆在哪里？" / "Where is Tom?" gives
 "Kovemi在哪里？" / "Where is Kovemi?". The pair itself stays, so 汤姆 is still translated. Where
-both vocabularies can write accented letters (``vocab.byte_fallback_en`` gives the English side
-its bytes), a fifth of the made-up names hold one ("Brandél"), as Tatoeba's names do ("Timuçin").
+both vocabularies have byte fallback (``vocab.byte_fallback_en`` gives it to the English side),
+a fifth of the made-up names hold an accented letter ("Brandél"), as Tatoeba's do ("Timuçin").
 
 The copies are made once, when training opens its data (every pair of the split that may give
 one is decoded: about a second for Tatoeba's 24k pairs, minutes at tens of millions), from
@@ -57,8 +57,8 @@ _SALT = 0xC0B1  # keeps the copies' draws apart from the sampler's and the joine
 _PLACEHOLDER = re.compile("⦅\\d+⦆")
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 # lower-case letters of Latin-1 and Latin Extended-A that names of Tatoeba's languages hold
-# ("Timuçin", "Wienczysława", "Yaguatí"); a made-up name may take one, where both vocabularies
-# can write it (`writable_accents`), so that a model copies them too instead of stopping there
+# ("Timuçin", "Wienczysława", "Yaguatí"); a made-up name may take one where both vocabularies
+# have byte fallback, so that a model copies them too instead of stopping there
 ACCENTED = "áàâäãåçéèêëíìîïñóòôöõøúùûüýÿłśźżćęąčšžřěőűğş"
 ACCENT_SHARE = 0.2  # of the made-up names, when some accented letter is writable
 _ONSETS = ("", "", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z",
@@ -74,8 +74,8 @@ def made_up_name(rng: np.random.Generator, accents: str = "") -> str:
     real names into that shape ("Bob" → "Bobo").
 
     `accents`: accented letters the vocabularies can write; with some, a share (ACCENT_SHARE) of
-    the names has one lower-case letter replaced by one of them ("Brandél"). Without, the draws
-    are those of a name without accents, so older runs' copies stay the same."""
+    the names has one lower-case letter replaced by one of them ("Brandél"). Without, no more is
+    drawn than for a name without accents, so other runs' copies stay as they were."""
     name = _plain_name(rng)
     if accents and rng.random() < ACCENT_SHARE:
         lower = [i for i, c in enumerate(name) if c in _LETTERS]
@@ -85,10 +85,9 @@ def made_up_name(rng: np.random.Generator, accents: str = "") -> str:
     return name
 
 
-def writable_accents(sides: list[spm.SentencePieceProcessor]) -> str:
-    """The letters of ACCENTED that every one of `sides` encodes without <unk> (as a piece or as
-    its UTF-8 bytes)."""
-    return "".join(c for c in ACCENTED if all(UNK_ID not in sp.encode(c, out_type=int) for sp in sides))
+def has_byte_fallback(sp: spm.SentencePieceProcessor) -> bool:
+    """Whether `sp` writes any character, as its UTF-8 bytes where it has no piece for it."""
+    return sp.is_byte(sp.piece_to_id("<0xC3>"))
 
 
 def _plain_name(rng: np.random.Generator) -> str:
@@ -164,7 +163,9 @@ class CopiedPairs:
         self.dataset, self.settings = dataset, settings
         self.sides = [spm.SentencePieceProcessor(model_file=str(p)) for p in models]
         self.zh_side = 0 if settings.src_lang == "zh" else 1  # which of (source, target) is Chinese
-        self.accents = writable_accents(self.sides)
+        # accented names only where both sides write every letter: other vocabularies would spell
+        # most accents as <unk> (the copy is then not made), and the copies stay as they were
+        self.accents = ACCENTED if all(map(has_byte_fallback, self.sides)) else ""
         self.base = np.asarray(dataset.window_bounds(), dtype=np.int64)  # (S+1,) the split's own bounds
         self.made = [self._make(k) for k in range(len(self.base) - 1)]  # per window: [(src ids, tgt ids)]
         counts = np.array([len(m) for m in self.made], dtype=np.int64)

@@ -18,10 +18,10 @@ from nmt.batches.copy_spans import (
     CopiedPairs,
     CopySettings,
     fill_slots,
+    has_byte_fallback,
     made_up_name,
     made_up_number,
     spell_spans,
-    writable_accents,
 )
 from nmt.config import PASSTHROUGH_KINDS
 from nmt.data.passthrough import Detector
@@ -59,17 +59,17 @@ def test_made_up_names_take_an_accent_only_from_those_given():
     assert all(made_up_name(rng).isascii() for _ in range(1000))
 
 
-def test_writable_accents_are_those_every_side_encodes_without_unk(spm_models, tmp_path):
-    """Byte fallback writes them all; a model without it only the letters among its pieces."""
-    sps = [spm.SentencePieceProcessor(model_file=str(m)) for m in spm_models]
-    assert writable_accents(sps) == ACCENTED
+def test_accents_only_where_both_vocabularies_have_byte_fallback(spm_models, tmp_path):
+    """Both models of the fixture have byte fallback: every accented letter may be drawn. With an
+    English model without it, none is (it would spell most of them as <unk>)."""
+    assert copied(spm_models, []).accents == ACCENTED
     (tmp_path / "en.txt").write_text("Il était une fois à Zürich.\n" * 20 + "Tom is here.\n" * 20, encoding="utf-8")
     spm.SentencePieceTrainer.train(
         input=str(tmp_path / "en.txt"), model_prefix=str(tmp_path / "en"), vocab_size=60,
         hard_vocab_limit=False, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2,
     )  # fmt: skip
-    plain = spm.SentencePieceProcessor(model_file=str(tmp_path / "en.model"))
-    assert writable_accents([sps[0], plain]) == "àéü"
+    plain = CopiedPairs(Split([]), (spm_models[0], tmp_path / "en.model"), CopySettings(1.0, 1, "zh", 100))
+    assert plain.accents == "" and not has_byte_fallback(plain.sides[1]) and has_byte_fallback(plain.sides[0])
 
 
 @pytest.mark.parametrize(

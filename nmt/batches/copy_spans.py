@@ -60,7 +60,7 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 # ("Timuçin", "Wienczysława", "Yaguatí"); a made-up name may take one where both vocabularies
 # have byte fallback, so that a model copies them too instead of stopping there
 ACCENTED = "áàâäãåçéèêëíìîïñóòôöõøúùûüýÿłśźżćęąčšžřěőűğş"
-ACCENT_SHARE = 0.2  # of the made-up names, when some accented letter is writable
+ACCENT_SHARE = 0.2  # of the made-up names, where both vocabularies have byte fallback
 _ONSETS = ("", "", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z",
            "br", "ch", "cl", "dr", "fr", "gr", "kr", "pl", "sh", "st", "th", "tr")  # fmt: skip
 _NUCLEI = ("a", "e", "i", "o", "u", "y", "ai", "ea", "ie", "oo", "ou")

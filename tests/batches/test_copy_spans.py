@@ -31,6 +31,16 @@ from nmt.train import loop
 DETECT = Detector(PASSTHROUGH_KINDS)
 
 
+def without_byte_fallback(folder, lines: list[str], size: int):
+    """A unigram model of `lines` without byte fallback (as nmt's English side by default), in `folder`."""
+    (folder / "en.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(folder / "en.txt"), model_prefix=str(folder / "en"), vocab_size=size,
+        hard_vocab_limit=False, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2,
+    )  # fmt: skip
+    return folder / "en.model"
+
+
 def spans(text: str) -> list[tuple[str, str]]:
     return [(s.text, s.kind) for s in DETECT.find(text)]
 
@@ -63,12 +73,8 @@ def test_accents_only_where_both_vocabularies_have_byte_fallback(spm_models, tmp
     """Both models of the fixture have byte fallback: every accented letter may be drawn. With an
     English model without it, none is (it would spell most of them as <unk>)."""
     assert copied(spm_models, []).accents == ACCENTED
-    (tmp_path / "en.txt").write_text("Il était une fois à Zürich.\n" * 20 + "Tom is here.\n" * 20, encoding="utf-8")
-    spm.SentencePieceTrainer.train(
-        input=str(tmp_path / "en.txt"), model_prefix=str(tmp_path / "en"), vocab_size=60,
-        hard_vocab_limit=False, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2,
-    )  # fmt: skip
-    plain = CopiedPairs(Split([]), (spm_models[0], tmp_path / "en.model"), CopySettings(1.0, 1, "zh", 100))
+    english = without_byte_fallback(tmp_path, ["Il était une fois à Zürich.", "Tom is here."] * 20, 60)
+    plain = CopiedPairs(Split([]), (spm_models[0], english), CopySettings(1.0, 1, "zh", 100))
     assert plain.accents == "" and not has_byte_fallback(plain.sides[1]) and has_byte_fallback(plain.sides[0])
 
 
@@ -151,12 +157,7 @@ def test_spelled_spans_decode_to_the_same_text_one_character_per_piece(spm_model
 def test_a_span_the_vocabulary_cannot_spell_keeps_the_usual_encoding(tmp_path):
     """Without byte fallback a character missing from the vocabulary would spell as <unk>: the text
     is encoded as usual (the copy is then not made, as any with <unk>)."""
-    (tmp_path / "en.txt").write_text("\n".join(en for _, en in SPM_PAIRS) + "\n", encoding="utf-8")
-    spm.SentencePieceTrainer.train(
-        input=str(tmp_path / "en.txt"), model_prefix=str(tmp_path / "en"), vocab_size=300,
-        hard_vocab_limit=False, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2,
-    )  # fmt: skip
-    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "en.model"))
+    sp = spm.SentencePieceProcessor(model_file=str(without_byte_fallback(tmp_path, [en for _, en in SPM_PAIRS], 300)))
     assert spell_spans(sp, "I met Ωmega here.", ["Ωmega"]) == sp.encode("I met Ωmega here.")
     assert spell_spans(sp, "They meet at 12 birds.", ["birds"]) != sp.encode("They meet at 12 birds.")
 
@@ -222,9 +223,8 @@ def test_copies_hold_accented_names_the_target_spells_as_bytes(spm_models, spm_e
     """Where both vocabularies can write accented letters (byte fallback), some copies' made-up
     names hold one; the target spells it as its UTF-8 bytes, which decode to the same name."""
     sps = [spm.SentencePieceProcessor(model_file=str(m)) for m in spm_models]
-    pair = ("汤姆在哪里？", "Where is Tom?")
-    pairs = [tuple(np.array(sp.encode(text)) for sp, text in zip(sps, pair, strict=True))] * 100
-    data = copied(spm_models, pairs, copies=2.0)
+    pairs = [tuple(np.array(sp.encode(text)) for sp, text in zip(sps, ("汤姆在哪里？", "Where is Tom?"), strict=True))]
+    data = copied(spm_models, pairs * 100, copies=2.0)
     made = [pair for window in data.made for pair in window]
     target = sps[1]
     accented = 0

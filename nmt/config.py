@@ -209,6 +209,10 @@ class TrainConfig:
     # placeholders) is the target's row while training (nmt/model/shared_rows.py), so that copying a
     # name or number letter by letter is what the vectors already say; the saved model is an ordinary one
     share_piece_embeddings: bool = False
+    # guided alignment (nmt/train/alignment.py): one cross-attention head of the last decoder layer is
+    # trained to look at the source letter, digit or placeholder that a copy example's target piece
+    # copies, this weight × its −log attention added to the loss; the saved model is an ordinary one
+    guided_alignment: float = 0.0
     clip_norm: float = 1.0  # 0 disables clipping
     max_len: int = 256  # pairs with a longer side (in pieces) are skipped
     max_steps: int = 0  # 0 = no limit
@@ -467,6 +471,7 @@ def _check_train(t: TrainConfig, m: ModelConfig, need: Need) -> None:
     need(0.0 <= t.ema_decay < 1.0, "train.ema_decay", f"{t.ema_decay} is outside [0, 1) (0 = off)")
     need(0.0 <= t.subword_alpha <= 1.0, "train.subword_alpha", f"{t.subword_alpha} is outside [0, 1] (0 = off)")
     need(0.0 <= t.copy_spans <= 16.0, "train.copy_spans", f"{t.copy_spans} is outside [0, 16] (0 = off)")
+    need(t.guided_alignment >= 0, "train.guided_alignment", f"{t.guided_alignment} must be >= 0 (0 = off)")
     need(t.max_len >= 2, "train.max_len", "must be at least 2")
     need(
         t.max_len < m.max_positions,

@@ -11,6 +11,7 @@ import sentencepiece as spm
 
 from nmt import UNK_ID
 from nmt.config import Config
+from nmt.data.passthrough import PLACEHOLDERS
 from nmt.errors import NmtError
 from nmt.run.layout import RunDir
 
@@ -83,3 +84,18 @@ def _same_piece(sp: spm.SentencePieceProcessor, text: str) -> int | None:
         j = sp.piece_to_id(f"<0x{ord(text):02X}>")
         return j if j != sp.unk_id() and sp.is_byte(j) else None
     return None
+
+
+def copyable_pieces(src: Tokenizer, tgt: Tokenizer) -> np.ndarray:
+    """(K, 2) int64: the rows of `shared_pieces` a copy writes one to one: a single ASCII letter or
+    digit (as a piece or its byte piece on either side) and the pass-through placeholders. A copy
+    example's target spells its made-up span one such piece per character
+    (`nmt.batches.copy_spans.spell_spans`), in step with the source's; ``train.guided_alignment``
+    (nmt/train/alignment.py) aligns those pieces."""
+    pairs = shared_pieces(src, tgt)
+    keep = [i for i, (s, _) in enumerate(pairs) if _copyable(_as_text(src.sp, int(s)))]
+    return pairs[keep].reshape(-1, 2)
+
+
+def _copyable(text: str) -> bool:
+    return (len(text) == 1 and text.isascii() and text.isalnum()) or text in PLACEHOLDERS

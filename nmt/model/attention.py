@@ -312,6 +312,17 @@ class MultiHeadAttention(nn.Module):
         k, v = kv.view(*memory.shape[:2], 2, self.heads, self.d_k).unbind(2)
         return k, v  # (B, S, H, dk) each
 
+    def head_scores(self, x: Tensor, memory: Tensor, head: int) -> Tensor:
+        """One head's cross-attention scores, recomputed from the module's own weights: x (B, T, D)
+        queries, memory (B, S, D) → (B, T, S) fp32 Q·Kᵀ/sqrt(d_k), unmasked. For losses on where
+        the model looks (``train.guided_alignment``), which the fused backends never materialise;
+        the same function of the weights as the head's attention, so its gradient trains them."""
+        D, rows = self.d_model, slice(head * self.d_k, (head + 1) * self.d_k)
+        w, b = self.in_proj.weight, self.in_proj.bias
+        q = bucketed(lambda h: F.linear(h, w[rows], b[rows]), x)  # (B, T, dk)
+        k = bucketed(lambda m: F.linear(m, w[D:][rows], b[D:][rows]), memory)  # (B, S, dk)
+        return torch.matmul(q, k.transpose(1, 2)).float() * self.d_k**-0.5  # (B, T, S)
+
     def _backend(self, device: torch.device, dtype: torch.dtype) -> str:
         dropout = self.dropout if self.training else 0.0
         return resolve_backend(self.backend, device, dtype, dropout=dropout, head_dim=self.d_k)

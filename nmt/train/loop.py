@@ -58,6 +58,7 @@ from nmt.model.shared_rows import SharedRowsEmbedding, share_rows
 from nmt.model.wrappers import wrap
 from nmt.run import weights as ckpt
 from nmt.run.layout import RunDir
+from nmt.train.alignment import copy_keys
 from nmt.train.distributed import DistInfo, barrier, init_distributed, teardown
 from nmt.train.memory import ResidentMemory
 from nmt.train.progress import TrainLog, TrainProgress
@@ -301,7 +302,8 @@ class _Run:
             self.resumed.notes.append(init_weights(self.model, config))
         self.shared = share_piece_rows(self.model, self.data) if t.share_piece_embeddings else None
         model = wrap(self.model, config.train.compile, info.world_size, device)
-        self.trainer = Trainer(model, t, device, precision=self.precision)
+        keys = copy_keys(self.data.src_tok, self.data.tgt_tok) if t.guided_alignment and self.data.src_tok else None
+        self.trainer = Trainer(model, t, device, precision=self.precision, copy_keys=keys)
         if self.shared is not None:  # the source table whole after every step: checkpoints, EMA, exports
             self.trainer.optimizer.register_step_post_hook(lambda *_: self.shared.sync())
         if self.resumed.state is not None:

@@ -54,6 +54,7 @@ from nmt.hw.device import autocast, grad_scaler, matmul_row_bucket
 from nmt.model.masks import Packing
 from nmt.model.row_buckets import row_buckets
 from nmt.model.wrappers import unwrap
+from nmt.train.alignment import GuidedAlignment, Keys
 from nmt.train.distributed import all_reduce_sum, world_size
 from nmt.train.ema import WeightAverage
 from nmt.train.objective import (
@@ -159,6 +160,7 @@ class Trainer:
         *,
         precision: str,
         state: TrainState | None = None,
+        copy_keys: Keys | None = None,
     ) -> None:
         self.model, self.cfg, self.device, self.precision = model, cfg, device, precision
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -176,6 +178,8 @@ class Trainer:
         self.copy = WeightCopy(model) if uses_weight_copy(model, cfg, device, precision) else None
         self.forward_model = model if self.copy is None else self.copy.model
         self.compute_precision = precision if self.copy is None else "fp32"  # a bf16 copy needs no autocast
+        # train.guided_alignment: a hook on the model that runs forward (nmt/train/alignment.py)
+        self.guide = self._guide(copy_keys) if cfg.guided_alignment > 0 else None
         self.fused = bool(self.optimizer.defaults.get("fused"))  # its step takes found_inf: skips on the device
         self._issued: list[_Issued] = []
         self._settled: list[StepResult] = []  # read back, not yet handed out by `sync`
@@ -194,10 +198,14 @@ class Trainer:
         counts = [host_counts(b) for b in batches]
         tokens, scale = self._normaliser(sum(c[0] for c in counts))
         sums = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss sum, NLL sum
+        aligned = [self.guide.targets(*b) for b in batches] if self.guide is not None else []
         for i, (src, tgt_in, tgt_out, packing) in enumerate([self._on_device(b) for b in batches]):
+            if self.guide is not None:
+                self.guide.expect(aligned[i], self.device)
             src = drop_source_words(src, self.cfg.src_word_dropout)
             with self._no_sync(last=i == len(batches) - 1):
                 objective, loss, nll = self._loss(src, tgt_in, tgt_out, packing)  # forward, loss
+                objective = self._guided(objective)
                 self.scaler.scale(objective * scale).backward()  # backward
             if self.copy is not None:
                 self.copy.collect()  # the copy's gradients into the master's, in fp32
@@ -251,6 +259,16 @@ class Trainer:
             else:
                 s.nonfinite_run = 0
                 s.step += 0 if skipped else 1
+
+    def _guided(self, objective: torch.Tensor) -> torch.Tensor:
+        """`objective` plus the guided-alignment loss the forward passes recorded (if on)."""
+        extra = self.guide.take() if self.guide is not None else None
+        return objective if extra is None else objective + extra
+
+    def _guide(self, keys: Keys | None) -> GuidedAlignment:
+        if keys is None:
+            raise NmtError("train.guided_alignment: needs the run's vocabularies (nmt vocab) to find copied pieces")
+        return GuidedAlignment(unwrap(self.forward_model), keys, self.cfg.guided_alignment)
 
     def _schedule(self, number: int) -> float:
         """The learning rate of update `number`; at the updates of warmup, where warmup ends for

@@ -72,6 +72,11 @@ def test_negative_dropout(tmp_path):
         load_config(write(tmp_path, "model:\n  dropout: -0.1\n"))
 
 
+def test_negative_guided_alignment(tmp_path):
+    with pytest.raises(ConfigError, match=r"exp\.yaml: train\.guided_alignment: -0\.1 must be >= 0"):
+        load_config(write(tmp_path, "train:\n  guided_alignment: -0.1\n"))
+
+
 def test_flash_config_loads_without_cuda(tmp_path, monkeypatch):
     """Host-dependent needs are checked where the model runs (a GPU-trained run loads anywhere)."""
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)

@@ -43,3 +43,14 @@ def test_a_character_the_target_holds_as_a_byte_shares_that_byte(tmp_path, spm_m
     pairs = dict(map(tuple, shared_pieces(en, zh).tolist()))
     q = en.sp.piece_to_id("e")
     assert zh.sp.piece_to_id("e") == zh.sp.unk_id() and pairs[q] == zh.sp.piece_to_id("<0x65>")
+
+
+def test_copyable_pieces_are_single_letters_digits_and_placeholders(spm_models):
+    from nmt.data.tokenizer import copyable_pieces
+
+    src, tgt = Tokenizer(spm_models[0]), Tokenizer(spm_models[1])
+    shared, copyable = shared_pieces(src, tgt), copyable_pieces(src, tgt)
+    assert set(map(tuple, copyable.tolist())) < set(map(tuple, shared.tolist()))
+    texts = {tgt.decode([j]) for j in copyable[:, 1]}  # a byte piece as its character
+    assert {"⦅0⦆", "⦅1⦆"} <= texts and not {".", ",", "▁"} & texts
+    assert all(t in ("⦅0⦆", "⦅1⦆") or (len(t) == 1 and t.isascii() and t.isalnum()) for t in texts)

@@ -480,3 +480,26 @@ def test_the_written_out_step_is_a_cpu_rule_only():
     beams = (attention.QUERY_BLOCKS_FOR_MATH, 1, 5, 8)
     assert attention.step_kernel(torch.empty(beams)) == "math"
     assert attention.step_kernel(torch.empty(beams, device="meta")) == "fused"
+
+
+def test_head_scores_are_the_heads_attention_before_its_softmax(monkeypatch):
+    """`head_scores` of head h, softmaxed over the real keys, is head h of the module's own
+    attention: the weighted sum of its values gives that head's slice of the output."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(D, H, backend="math").eval()
+    x, memory = torch.randn(2, 5, D), torch.randn(2, 7, D)
+    pad = random_pad(2, 7)
+    captured = {}
+    original = attention.math_attention
+
+    def spy(q, k, v, mask, p=0.0):
+        captured["v"] = v  # (B, H, S, dk)
+        out = original(q, k, v, mask, p)
+        captured["out"] = out  # (B, H, T, dk)
+        return out
+
+    monkeypatch.setattr(attention, "math_attention", spy)
+    mha(x, memory, key_pad=pad)
+    for head in range(H):
+        probs = mha.head_scores(x, memory, head).masked_fill(pad[:, None, :], float("-inf")).softmax(-1)  # (B, T, S)
+        torch.testing.assert_close(probs @ captured["v"][:, head], captured["out"][:, head], rtol=1e-5, atol=1e-6)

@@ -18,9 +18,11 @@ pieces, and a masked span is one placeholder on each side; so the targets are re
 piece, to a place in the source that holds the same run (the first after the previous run's place,
 else the first). A run the source does not hold, or a lone letter (the "n" of "wasn't"), gets none.
 
-The loss: −log of the head's attention on the aligned source piece, summed over the aligned target
-positions, × ``train.guided_alignment``, added to the label-smoothed loss sum of the batch (both
-are divided by the update's target tokens). The head is head 0 of the last decoder layer (Marian's
+The loss (`guided_loss`): −log of the head's attention on the aligned source piece, summed over
+the aligned target positions; and at the position after each copied run, −log(1 − the attention on
+that run), so that the head moves on once the run is written (a head left on the last "0" of "400"
+reads as one more "0" to write). × ``train.guided_alignment``, added to the label-smoothed loss sum
+of the batch (both are divided by the update's target tokens). The head is head 0 of the last decoder layer (Marian's
 default layer for it), whose output the prediction reads most directly.
 """
 
@@ -32,10 +34,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from nmt import PAD_ID
 from nmt.data.tokenizer import Tokenizer, copyable_pieces
 from nmt.errors import NmtError
 
 HEAD = 0  # the supervised head of the last decoder layer's cross-attention
+COPY, LEAVE_FROM, LEAVE_TO = 0, 1, 2  # the columns of `alignment_targets`
 
 # (V_s,), (V_t,) int64: a piece's character key, -1 = not copyable; the keys of the letters
 Keys = tuple[np.ndarray, np.ndarray, frozenset[int]]
@@ -54,20 +58,26 @@ def copy_keys(src: Tokenizer, tgt: Tokenizer) -> Keys:
 
 
 def alignment_targets(src: np.ndarray, tgt_out: np.ndarray, keys: Keys) -> np.ndarray:
-    """src (B, S) and tgt_out (B, T) ids (padded; the source with its EOS) → (B, T) int64: the
-    source position each target position copies, -1 where it copies none (see the module docstring)."""
+    """src (B, S) and tgt_out (B, T) ids (padded; the source with its EOS) → (B, T, 3) int64 per
+    target position: [COPY] the source position it copies; [LEAVE_FROM, LEAVE_TO) the source run a
+    copy has just finished, at the position after the copied run (which must look elsewhere); -1 for
+    none (see the module docstring)."""
     src_keys, tgt_keys = keys[0][src], keys[1][tgt_out]  # (B, S), (B, T)
     letters = keys[2]
-    out = np.full(tgt_out.shape, -1, dtype=np.int64)
+    out = np.full((*tgt_out.shape, 3), -1, dtype=np.int64)
     for b in np.flatnonzero((tgt_keys >= 0).any(axis=1)):
         start = 0
         for run in _runs(np.flatnonzero(tgt_keys[b] >= 0)):
             if run.size == 1 and int(tgt_keys[b, run[0]]) in letters:
                 continue  # a lone letter is a word's end ("wasn" "'" "t"), not a copy (names have two or more)
             at = _find(src_keys[b], tgt_keys[b, run], start)
-            if at is not None:
-                out[b, run] = at + np.arange(run.size)
-                start = at + run.size
+            if at is None:
+                continue
+            out[b, run, COPY] = at + np.arange(run.size)
+            start = at + run.size
+            after = run[-1] + 1
+            if after < tgt_out.shape[1] and tgt_out[b, after] != PAD_ID and tgt_keys[b, after] < 0:
+                out[b, after, LEAVE_FROM], out[b, after, LEAVE_TO] = at, start
     return out
 
 
@@ -108,12 +118,12 @@ class GuidedAlignment:
         self.module.register_forward_hook(self._record, with_kwargs=True)
 
     def targets(self, src: Tensor, _tgt_in: Tensor, tgt_out: Tensor) -> np.ndarray:
-        """(B, T) int64 `alignment_targets` of a batch's ids (read on the host): `targets(*batch)`."""
+        """(B, T, 3) int64 `alignment_targets` of a batch's ids (read on the host): `targets(*batch)`."""
         return alignment_targets(src.cpu().numpy(), tgt_out.cpu().numpy(), self.keys)
 
     def expect(self, targets: np.ndarray, device: torch.device) -> None:
         """Arm the hook with a batch's targets (only its rows with one are computed)."""
-        rows = np.flatnonzero((targets >= 0).any(axis=1))
+        rows = np.flatnonzero((targets[..., COPY] >= 0).any(axis=1))
         self._armed = None
         if rows.size:
             self._armed = (torch.from_numpy(rows).to(device), torch.from_numpy(targets[rows]).to(device))
@@ -126,11 +136,22 @@ class GuidedAlignment:
     def _record(self, module: nn.Module, args: tuple, kwargs: dict, _out: Any) -> None:
         if self._armed is None or not module.training:
             return
-        rows, target = self._armed  # (R,), (R, T)
+        rows, target = self._armed  # (R,), (R, T, 3)
         memory = args[1] if len(args) > 1 else kwargs["memory"]  # (B, S, D)
         scores = module.head_scores(args[0].index_select(0, rows), memory.index_select(0, rows), HEAD)  # (R, T, S)
         pad = kwargs.get("key_pad")
         if pad is not None:
             scores = scores.masked_fill(pad.index_select(0, rows)[:, None, :], float("-inf"))
-        picked = scores.log_softmax(dim=-1).gather(2, target.clamp(min=0)[..., None]).squeeze(2)  # (R, T)
-        self._losses.append(-torch.where(target >= 0, picked, torch.zeros_like(picked)).sum())
+        self._losses.append(guided_loss(scores.log_softmax(dim=-1), target))
+
+
+def guided_loss(log_probs: Tensor, target: Tensor) -> Tensor:
+    """log_probs (R, T, S) of the head, target (R, T, 3) (`alignment_targets`) → the summed
+    −log attention on each copied piece plus −log(1 − attention on the run) after each run."""
+    copy = target[..., COPY]  # (R, T)
+    picked = log_probs.gather(2, copy.clamp(min=0)[..., None]).squeeze(2)  # (R, T)
+    loss = -torch.where(copy >= 0, picked, torch.zeros_like(picked)).sum()
+    source = torch.arange(log_probs.size(2), device=log_probs.device)  # (S,)
+    inside = (source >= target[..., LEAVE_FROM, None]) & (source < target[..., LEAVE_TO, None])  # (R, T, S)
+    on_run = torch.where(inside, log_probs.exp(), torch.zeros_like(log_probs)).sum(-1)  # (R, T); 0 where none
+    return loss - torch.log1p(-on_run.clamp(max=1 - 1e-6)).sum()

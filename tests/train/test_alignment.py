@@ -14,7 +14,7 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
 from nmt.model.transformer import Transformer
 from nmt.serve.attention_map import attention_probs
-from nmt.train.alignment import HEAD, GuidedAlignment, alignment_targets, copy_keys
+from nmt.train.alignment import COPY, HEAD, LEAVE_FROM, LEAVE_TO, GuidedAlignment, alignment_targets, copy_keys
 from nmt.train.update import Trainer
 
 # keys of a made-up pair of vocabularies: ids 10-19 are the digits "0"-"9" on both sides, 20-21 the
@@ -28,7 +28,14 @@ KEYS = (SRC_KEYS, TGT_KEYS, frozenset({20, 21}))
 
 
 def targets(src: list[int], tgt: list[int]) -> list[int]:
-    return alignment_targets(np.array([src]), np.array([tgt]), KEYS)[0].tolist()
+    """The source position each target position copies (-1: none)."""
+    return alignment_targets(np.array([src]), np.array([tgt]), KEYS)[0, :, COPY].tolist()
+
+
+def leaves(src: list[int], tgt: list[int]) -> list[tuple[int, int]]:
+    """Per target position, the source run [from, to) it must look away from ((-1, -1): none)."""
+    out = alignment_targets(np.array([src]), np.array([tgt]), KEYS)[0]
+    return [(int(a), int(b)) for a, b in out[:, [LEAVE_FROM, LEAVE_TO]]]
 
 
 def test_a_spelled_run_is_aligned_piece_for_piece_with_equal_digits_in_order():
@@ -36,6 +43,13 @@ def test_a_spelled_run_is_aligned_piece_for_piece_with_equal_digits_in_order():
     src = [5, 6, 12, 10, 10, 15, 7, 3]  # 我 在 2 0 0 5 年 </s>
     tgt = [8, 12, 10, 10, 15, 9, 3]  # ▁In 2 0 0 5 . </s>
     assert targets(src, tgt) == [-1, 2, 3, 4, 5, -1, -1]
+    assert leaves(src, tgt) == [(-1, -1)] * 5 + [(2, 6), (-1, -1)]  # "." looks away from "2005"
+
+
+def test_a_run_that_ends_the_target_has_nothing_to_leave():
+    src, tgt = [12, 13, 3, 0], [12, 13, 3, 0]  # "23" </s>: </s> is after the run
+    assert leaves(src, tgt) == [(-1, -1), (-1, -1), (0, 2), (-1, -1)]
+    assert leaves([12, 13, 3], [12, 13, 0]) == [(-1, -1)] * 3  # padding is not a step
 
 
 def test_two_spans_go_left_to_right_and_a_byte_piece_matches_its_letter():
@@ -53,7 +67,7 @@ def test_a_run_the_source_lacks_a_lone_letter_and_padding_get_none():
 def test_rows_of_a_batch_are_aligned_each_to_its_own_source():
     src = np.array([[12, 13, 3], [13, 12, 3]])
     tgt = np.array([[12, 13, 3, 0], [8, 12, 13, 3]])
-    assert alignment_targets(src, tgt, KEYS).tolist() == [[0, 1, -1, -1], [-1, -1, -1, -1]]
+    assert alignment_targets(src, tgt, KEYS)[..., COPY].tolist() == [[0, 1, -1, -1], [-1, -1, -1, -1]]
 
 
 def test_copy_keys_give_a_byte_piece_and_its_letter_one_key(spm_models):
@@ -71,7 +85,7 @@ def test_a_copy_example_is_aligned_on_every_character_of_its_span(spm_models):
     src_tok, tgt_tok = Tokenizer(spm_models[0]), Tokenizer(spm_models[1])
     src = src_tok.encode("Kovemi在2005年来了。") + [3]
     tgt = spell_spans(tgt_tok.sp, "Kovemi came in 2005.", ["Kovemi", "2005"]) + [3]
-    aligned = alignment_targets(np.array([src]), np.array([tgt]), copy_keys(src_tok, tgt_tok))[0]
+    aligned = alignment_targets(np.array([src]), np.array([tgt]), copy_keys(src_tok, tgt_tok))[0, :, COPY]
     pairs = [(tgt_tok.decode([tgt[t]]), src_tok.decode([src[s]])) for t, s in enumerate(aligned) if s >= 0]
     assert "".join(t for t, _ in pairs) == "Kovemi2005"
     assert all(t == s for t, s in pairs)
@@ -86,7 +100,8 @@ def small_transformer(seed: int = 0) -> Transformer:
 
 
 def test_the_loss_is_minus_the_log_attention_of_the_head_on_the_aligned_pieces():
-    """The hook's loss, against the attention maps' own recomputation of the last layer's head."""
+    """The hook's loss, against the attention maps' own recomputation of the last layer's head:
+    −log p on each copied piece, −log(1 − p on the run) after it."""
     model = small_transformer().train()
     batch = collate([([12, 10, 10, 15, 6], [12, 10, 10, 15, 8]), ([5, 6, 7], [8, 9])])
     guide = GuidedAlignment(model, KEYS, weight=0.5)
@@ -102,9 +117,10 @@ def test_the_loss_is_minus_the_log_attention_of_the_head_on_the_aligned_pieces()
         model(batch.src, batch.tgt_in)
     handle.remove()
     probs = attention_probs(layer, seen["x"], seen["memory"], batch.src == 0)[:, HEAD]  # (B, T, S)
-    rows, cols = np.nonzero(aligned >= 0)
-    want = -sum(torch.log(probs[b, t, aligned[b, t]]) for b, t in zip(rows, cols, strict=True))
-    assert (aligned >= 0).sum() == 4 and loss.item() == pytest.approx(0.5 * want.item(), rel=1e-5)
+    copied = [(b, t, aligned[b, t, COPY]) for b, t in zip(*np.nonzero(aligned[..., COPY] >= 0), strict=True)]
+    want = -sum(torch.log(probs[b, t, s]) for b, t, s in copied)
+    want -= torch.log(1 - probs[0, 4, 0:4].sum())  # the 8 after "2005" leaves source positions 0-3
+    assert len(copied) == 4 and loss.item() == pytest.approx(0.5 * want.item(), rel=1e-5)
 
 
 def test_the_hook_records_nothing_unarmed_or_in_evaluation():
@@ -147,10 +163,11 @@ def test_training_with_the_loss_puts_the_head_on_the_copied_pieces():
             trainer.update(b)
         trainer.sync()
         probe = GuidedAlignment(model, KEYS, weight=1.0)
-        aligned = probe.targets(*held_out)
-        probe.expect(aligned, torch.device("cpu"))
+        copied = probe.targets(*held_out)
+        copied[..., LEAVE_FROM:] = -1  # the copy term alone
+        probe.expect(copied, torch.device("cpu"))
         model.train()(held_out.src, held_out.tgt_in)  # dropout is 0: the same function as in evaluation
-        attention[weight] = np.exp(-probe.take().item() / (aligned >= 0).sum())  # geometric mean probability
+        attention[weight] = np.exp(-probe.take().item() / (copied[..., COPY] >= 0).sum())  # geometric mean
     assert attention[1.0] > 0.5 and attention[1.0] > 2 * attention[0.0]
 
 

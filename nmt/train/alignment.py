@@ -103,16 +103,17 @@ class GuidedAlignment:
     """The guided-alignment loss of `model` (a Transformer: ``decoder.layers[-1].cross_attn``),
     recorded by a forward hook on that module while training.
 
-    `targets(src, tgt_out)` reads a batch's targets on the host; `expect` arms the hook with them
-    for the next forward passes; `take` returns the weighted loss those passes recorded (their
-    mean: R-Drop runs two) and disarms it. In evaluation mode, or unarmed, the hook does nothing.
+    `targets(*batch)` reads a batch's targets on the host; `expect` arms the hook with them for the
+    next forward passes; `take` returns the loss those passes recorded (their mean: R-Drop runs
+    two; unweighted, the trainer weighs it) and disarms it. In evaluation mode, or unarmed, the hook
+    does nothing.
     """
 
-    def __init__(self, model: nn.Module, keys: Keys, weight: float) -> None:
+    def __init__(self, model: nn.Module, keys: Keys) -> None:
         layers = getattr(getattr(model, "decoder", None), "layers", None)
         if not layers or not hasattr(layers[-1], "cross_attn"):
             raise NmtError("train.guided_alignment: needs a Transformer (a decoder with cross-attention)")
-        self.module, self.keys, self.weight = layers[-1].cross_attn, keys, weight
+        self.module, self.keys = layers[-1].cross_attn, keys
         self._armed: tuple[Tensor, Tensor] | None = None  # (rows (R,), targets (R, T)) on the device
         self._losses: list[Tensor] = []
         self.module.register_forward_hook(self._record, with_kwargs=True)
@@ -120,6 +121,11 @@ class GuidedAlignment:
     def targets(self, src: Tensor, _tgt_in: Tensor, tgt_out: Tensor) -> np.ndarray:
         """(B, T, 3) int64 `alignment_targets` of a batch's ids (read on the host): `targets(*batch)`."""
         return alignment_targets(src.cpu().numpy(), tgt_out.cpu().numpy(), self.keys)
+
+    @staticmethod
+    def copied(targets: np.ndarray) -> int:
+        """How many target pieces of a batch's `targets` copy a source piece."""
+        return int((targets[..., COPY] >= 0).sum())
 
     def expect(self, targets: np.ndarray, device: torch.device) -> None:
         """Arm the hook with a batch's targets (only its rows with one are computed)."""
@@ -129,9 +135,9 @@ class GuidedAlignment:
             self._armed = (torch.from_numpy(rows).to(device), torch.from_numpy(targets[rows]).to(device))
 
     def take(self) -> Tensor | None:
-        """The recorded loss × weight (mean over the passes since `expect`), None if none; disarms."""
+        """The recorded loss (mean over the passes since `expect`), None if none; disarms."""
         losses, self._losses, self._armed = self._losses, [], None
-        return torch.stack(losses).mean() * self.weight if losses else None
+        return torch.stack(losses).mean() if losses else None
 
     def _record(self, module: nn.Module, args: tuple, kwargs: dict, _out: Any) -> None:
         if self._armed is None or not module.training:

@@ -131,7 +131,8 @@ class Window:
 
     def __init__(self) -> None:
         self.seconds = self.loss = self.nll = self.norm = self.flops = self.lr = 0.0
-        self.tokens = self.steps = self.pad = self.slots = 0
+        self.tokens = self.steps = self.pad = self.slots = self.copied = 0
+        self.align = 0.0
 
     def add(self, r: StepResult) -> None:
         self.loss += r.loss * r.tokens
@@ -141,6 +142,7 @@ class Window:
         self.flops += r.flops
         self.steps += 1
         self.pad, self.slots, self.lr = self.pad + r.pad, self.slots + r.slots, r.lr
+        self.align, self.copied = self.align + r.align * r.copied, self.copied + r.copied
 
     def values(self, peak: float = 0.0) -> dict[str, Any]:
         """The window's scalars; ``mfu`` (a fraction of `peak`) where a peak and FLOPs are known."""
@@ -156,4 +158,6 @@ class Window:
         if peak > 0 and self.flops > 0:
             values["mfu"] = mfu(self.flops, seconds, peak)
         values["padding_waste"] = self.pad / max(self.slots, 1)
+        if self.copied:  # train.guided_alignment: its loss per copied piece
+            values["align"] = self.align / self.copied
         return values

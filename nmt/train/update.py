@@ -113,6 +113,8 @@ class StepResult:
     pad: int  # padding slots in the update's src + tgt_out, this rank
     slots: int  # all slots in the update's src + tgt_out, this rank
     flops: float  # analytic training FLOPs of this rank's batches, as given to `update` (0 = not counted)
+    align: float = 0.0  # train.guided_alignment's loss per copied piece (nmt/train/alignment.py), unweighted
+    copied: int = 0  # copied target pieces it was computed on, all ranks (0: off, or none in the update)
 
 
 class _Issued(NamedTuple):
@@ -122,7 +124,8 @@ class _Issued(NamedTuple):
     pad: int
     slots: int
     flops: float
-    stats: torch.Tensor  # (5,) float64 on the device: loss sum, NLL sum, target tokens, grad norm, non-finite
+    stats: torch.Tensor  # (7,) float64 on the device: loss sum, NLL sum, target tokens, grad norm, non-finite,
+    # guided-alignment loss sum, copied pieces
     overflow: bool  # fp16: the GradScaler skipped the step (decided on the host)
 
 
@@ -197,19 +200,20 @@ class Trainer:
         lr = self._schedule(number)  # schedule
         counts = [host_counts(b) for b in batches]
         tokens, scale = self._normaliser(sum(c[0] for c in counts))
-        sums = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss sum, NLL sum
+        sums = torch.zeros(4, dtype=torch.float64, device=self.device)  # loss, NLL, alignment loss sums; copied
         aligned = [self.guide.targets(*b) for b in batches] if self.guide is not None else []
+        sums[3] = float(sum(self.guide.copied(a) for a in aligned)) if aligned else 0.0
         for i, (src, tgt_in, tgt_out, packing) in enumerate([self._on_device(b) for b in batches]):
             if self.guide is not None:
                 self.guide.expect(aligned[i], self.device)
             src = drop_source_words(src, self.cfg.src_word_dropout)
             with self._no_sync(last=i == len(batches) - 1):
                 objective, loss, nll = self._loss(src, tgt_in, tgt_out, packing)  # forward, loss
-                objective = self._guided(objective)
+                objective, guided = self._guided(objective)
                 self.scaler.scale(objective * scale).backward()  # backward
             if self.copy is not None:
                 self.copy.collect()  # the copy's gradients into the master's, in fp32
-            sums += torch.stack([loss.detach(), nll]).double()
+            sums[:3] += torch.stack([loss.detach(), nll, guided]).double()
         sums = all_reduce_sum(sums)
         self.scaler.unscale_(self.optimizer)
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)  # clip
@@ -222,7 +226,7 @@ class Trainer:
         if self.ema is not None:
             self.ema.update(number)
         self.state.step = number  # provisional: `sync` takes it back if the update was skipped
-        stats = torch.stack([sums[0], sums[1], tokens, norm.double(), bad.double()])
+        stats = torch.stack([sums[0], sums[1], tokens, norm.double(), bad.double(), sums[2], sums[3]])
         pad, slots = sum(c[1] for c in counts), sum(c[2] for c in counts)
         self._issued.append(_Issued(lr, pad, slots, flops, stats, overflow))
         if len(self._issued) >= self.cfg.max_nonfinite - self.state.nonfinite_run:
@@ -246,13 +250,13 @@ class Trainer:
         rows = torch.stack([u.stats for u in issued]).tolist()  # ── the one wait for the device ──
         s = self.state
         s.step -= len(issued)
-        for u, (loss, nll, tokens, norm, bad) in zip(issued, rows, strict=True):
+        for u, (loss, nll, tokens, norm, bad, align, copied) in zip(issued, rows, strict=True):
             s.tokens += int(tokens)
             skipped = bool(bad) or u.overflow
             run = s.nonfinite_run + 1 if bad else 0
             self._settled.append(
                 StepResult(s.step + 1, u.lr, loss / tokens, nll / tokens, int(tokens), norm, skipped, run,
-                           u.pad, u.slots, u.flops)
+                           u.pad, u.slots, u.flops, align / max(copied, 1), int(copied))
             )  # fmt: skip
             if bad:
                 self._count_nonfinite()
@@ -260,15 +264,18 @@ class Trainer:
                 s.nonfinite_run = 0
                 s.step += 0 if skipped else 1
 
-    def _guided(self, objective: torch.Tensor) -> torch.Tensor:
-        """`objective` plus the guided-alignment loss the forward passes recorded (if on)."""
+    def _guided(self, objective: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(`objective` plus ``train.guided_alignment`` × the alignment loss the forward passes
+        recorded, that loss detached): `objective` and 0 where it is off or nothing was copied."""
         extra = self.guide.take() if self.guide is not None else None
-        return objective if extra is None else objective + extra
+        if extra is None:
+            return objective, torch.zeros((), device=objective.device)
+        return objective + self.cfg.guided_alignment * extra, extra.detach()
 
     def _guide(self, keys: Keys | None) -> GuidedAlignment:
         if keys is None:
             raise NmtError("train.guided_alignment: needs the run's vocabularies (nmt vocab) to find copied pieces")
-        return GuidedAlignment(unwrap(self.forward_model), keys, self.cfg.guided_alignment)
+        return GuidedAlignment(unwrap(self.forward_model), keys)
 
     def _schedule(self, number: int) -> float:
         """The learning rate of update `number`; at the updates of warmup, where warmup ends for

@@ -104,7 +104,7 @@ def test_the_loss_is_minus_the_log_attention_of_the_head_on_the_aligned_pieces()
     −log p on each copied piece, −log(1 − p on the run) after it."""
     model = small_transformer().train()
     batch = collate([([12, 10, 10, 15, 6], [12, 10, 10, 15, 8]), ([5, 6, 7], [8, 9])])
-    guide = GuidedAlignment(model, KEYS, weight=0.5)
+    guide = GuidedAlignment(model, KEYS)
     aligned = guide.targets(*batch)
     guide.expect(aligned, torch.device("cpu"))
     model(batch.src, batch.tgt_in)
@@ -120,12 +120,12 @@ def test_the_loss_is_minus_the_log_attention_of_the_head_on_the_aligned_pieces()
     copied = [(b, t, aligned[b, t, COPY]) for b, t in zip(*np.nonzero(aligned[..., COPY] >= 0), strict=True)]
     want = -sum(torch.log(probs[b, t, s]) for b, t, s in copied)
     want -= torch.log(1 - probs[0, 4, 0:4].sum())  # the 8 after "2005" leaves source positions 0-3
-    assert len(copied) == 4 and loss.item() == pytest.approx(0.5 * want.item(), rel=1e-5)
+    assert len(copied) == 4 and loss.item() == pytest.approx(want.item(), rel=1e-5)
 
 
 def test_the_hook_records_nothing_unarmed_or_in_evaluation():
     model = small_transformer()
-    guide = GuidedAlignment(model, KEYS, weight=1.0)
+    guide = GuidedAlignment(model, KEYS)
     batch = collate([([12, 13, 6], [12, 13])])
     model.train()(batch.src, batch.tgt_in)
     assert guide.take() is None  # not armed
@@ -161,8 +161,13 @@ def test_training_with_the_loss_puts_the_head_on_the_copied_pieces():
         trainer = Trainer(model, train_cfg(weight), torch.device("cpu"), precision="fp32", copy_keys=KEYS)
         for b in batches:
             trainer.update(b)
-        trainer.sync()
-        probe = GuidedAlignment(model, KEYS, weight=1.0)
+        results = trainer.sync()
+        if weight:  # the log's figures: the loss per copied piece, falling
+            assert all(r.copied > 0 for r in results)
+            assert np.mean([r.align for r in results[-20:]]) < 0.5 * np.mean([r.align for r in results[:20]])
+        else:
+            assert all(r.copied == 0 and r.align == 0 for r in results)
+        probe = GuidedAlignment(model, KEYS)
         copied = probe.targets(*held_out)
         copied[..., LEAVE_FROM:] = -1  # the copy term alone
         probe.expect(copied, torch.device("cpu"))

@@ -3,6 +3,8 @@ scalars and line, MFU among them."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from nmt.run.log import format_values
@@ -64,3 +66,15 @@ def test_no_mfu_without_a_peak_or_flops():
 
 def test_mfu_prints_as_a_percentage():
     assert format_values({"tokens_per_s": 12345.6, "mfu": 0.4127}) == "tokens_per_s 1.235e+04 | mfu 41.3%"
+
+
+def test_the_guided_alignment_loss_is_averaged_over_copied_pieces_and_shown_only_when_on():
+    window = Window()
+    base = settled(1)
+    window.add(dataclasses.replace(base, align=2.0, copied=10))
+    window.add(dataclasses.replace(base, align=0.5, copied=30))
+    window.add(base)  # an update with nothing copied
+    assert window.values()["align"] == pytest.approx((2.0 * 10 + 0.5 * 30) / 40)
+    off = Window()
+    off.add(base)
+    assert "align" not in off.values()

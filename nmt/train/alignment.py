@@ -22,8 +22,9 @@ The loss (`guided_loss`): −log of the head's attention on the aligned source p
 the aligned target positions; and at the position after each copied run, −log(1 − the attention on
 that run), so that the head moves on once the run is written (a head left on the last "0" of "400"
 reads as one more "0" to write). × ``train.guided_alignment``, added to the label-smoothed loss sum
-of the batch (both are divided by the update's target tokens). The head is head 0 of the last decoder layer (Marian's
-default layer for it), whose output the prediction reads most directly.
+of the batch (both are divided by the update's target tokens). The head is head 0 of the last
+decoder layer (Marian's default layer for it), whose output the prediction reads most directly.
+Under ``train.compile`` the hook is untested (compilation is off on CPUs, where this was measured).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ class GuidedAlignment:
 
     `targets(*batch)` reads a batch's targets on the host; `expect` arms the hook with them for the
     next forward passes; `take` returns the loss those passes recorded (their mean: R-Drop runs
-    two; unweighted, the trainer weighs it) and disarms it. In evaluation mode, or unarmed, the hook
+    two; unweighted: the trainer applies the weight) and disarms it. In evaluation mode, or unarmed, the hook
     does nothing.
     """
 
@@ -114,7 +115,7 @@ class GuidedAlignment:
         if not layers or not hasattr(layers[-1], "cross_attn"):
             raise NmtError("train.guided_alignment: needs a Transformer (a decoder with cross-attention)")
         self.module, self.keys = layers[-1].cross_attn, keys
-        self._armed: tuple[Tensor, Tensor] | None = None  # (rows (R,), targets (R, T)) on the device
+        self._armed: tuple[Tensor, Tensor] | None = None  # (rows (R,), targets (R, T, 3)) on the device
         self._losses: list[Tensor] = []
         self.module.register_forward_hook(self._record, with_kwargs=True)
 

@@ -179,3 +179,24 @@ def test_training_with_the_loss_puts_the_head_on_the_copied_pieces():
 def test_the_trainer_needs_the_vocabularies_for_it():
     with pytest.raises(NmtError, match="train.guided_alignment"):
         Trainer(small_transformer(), train_cfg(0.1), torch.device("cpu"), precision="fp32")
+
+
+def test_in_bf16_on_a_cpu_the_loss_trains_the_master_through_the_weight_copy():
+    """bf16 on a CPU runs forward on a bf16 copy of the weights (`nmt.train.weight_copy`), on any
+    CPU (without native bf16 its matmuls are emulated): the hook sits on the copy, and the loss
+    still reaches the fp32 master (one update from the same weights, with and without it)."""
+    batch = collate([([12, 10, 10, 15, 6], [12, 10, 10, 15, 8])])
+    weights = {}
+    for weight in (0.0, 1.0):
+        model = small_transformer()
+        cfg = TrainConfig(precision="bf16", schedule="cosine", lr=0.003, min_lr=0.003, warmup=1, max_steps=10,
+                          guided_alignment=weight)  # fmt: skip
+        trainer = Trainer(model, cfg, torch.device("cpu"), precision="bf16", copy_keys=KEYS)
+        assert trainer.copy is not None
+        trainer.update([batch])
+        [result] = trainer.sync()
+        if weight:
+            assert trainer.guide.module is trainer.copy.model.decoder.layers[-1].cross_attn
+            assert result.copied == 4 and np.isfinite(result.align) and result.align > 0
+        weights[weight] = model.decoder.layers[-1].cross_attn.in_proj.weight.detach().clone()
+    assert not torch.equal(weights[0.0], weights[1.0])

@@ -54,7 +54,7 @@ def copy_keys(src: Tokenizer, tgt: Tokenizer) -> Keys:
     pairs = copyable_pieces(src, tgt)
     for s, t in pairs:
         src_keys[s] = tgt_keys[t] = t
-    letters = frozenset(int(t) for t in pairs[:, 1] if tgt.piece(int(t)).isalpha())
+    letters = frozenset(int(t) for t in pairs[:, 1] if tgt.decode([int(t)]).isalpha())  # a byte piece as its letter
     return src_keys, tgt_keys, letters
 
 

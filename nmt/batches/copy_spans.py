@@ -61,6 +61,10 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 # have byte fallback, so that a model copies them too instead of stopping there
 ACCENTED = "áàâäãåçéèêëíìîïñóòôöõøúùûüýÿłśźżćęąčšžřěőűğş"
 ACCENT_SHARE = 0.2  # of the made-up names, where both vocabularies have byte fallback
+# of the made-up names, two or three words ("Kovemi Brandel", "QTX Oskit lun"): test sentences hold
+# full names and phrases ("Terry Tate", "to get the sack"), which single-word copies taught a model
+# to run together ("TerryTate"): nothing showed it a space inside a copy
+SEVERAL_WORDS_SHARE = 0.2
 _ONSETS = ("", "", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z",
            "br", "ch", "cl", "dr", "fr", "gr", "kr", "pl", "sh", "st", "th", "tr")  # fmt: skip
 _NUCLEI = ("a", "e", "i", "o", "u", "y", "ai", "ea", "ie", "oo", "ou")
@@ -68,15 +72,17 @@ _CODAS = ("", "", "", "n", "r", "s", "l", "t", "m", "ck", "nd", "rt", "ll", "x",
 
 
 def made_up_name(rng: np.random.Generator, accents: str = "") -> str:
-    """A Latin token a model cannot have learnt to translate: a name ("Brandel", "Oskit"), random
-    letters ("Qxvt"), an acronym ("QTX"), a brand ("iDavon") or letters with digits ("K7", "ZR-450").
+    """Latin text a model cannot have learnt to translate: a name ("Brandel", "Oskit"), random
+    letters ("Qxvt"), an acronym ("QTX"), a brand ("iDavon") or letters with digits ("K7", "ZR-450");
+    a share (SEVERAL_WORDS_SHARE) is two or three of them, one space apart ("Kovemi Brandel").
     Varied on purpose: names of one shape only (consonant-vowel syllables) taught a model to bend
     real names into that shape ("Bob" → "Bobo").
 
     `accents`: accented letters the vocabularies can write; with some, a share (ACCENT_SHARE) of
     the names has one lower-case letter replaced by one of them ("Brandél"). Without, no more is
     drawn than for a name without accents, so other runs' copies stay as they were."""
-    name = _plain_name(rng)
+    words = 1 if rng.random() >= SEVERAL_WORDS_SHARE else 2 + int(rng.random() < 0.25)
+    name = " ".join(_plain_name(rng) for _ in range(words))
     if accents and rng.random() < ACCENT_SHARE:
         lower = [i for i, c in enumerate(name) if c in _LETTERS]
         if lower:

@@ -46,26 +46,49 @@ def spans(text: str) -> list[tuple[str, str]]:
 
 
 def test_made_up_spans_are_what_the_pass_through_score_counts():
-    """Each made-up name is one `latin` span and each number one `number` span, also inside
-    Chinese text, so a copy example teaches what the raw-path score checks."""
+    """Each word of a made-up name is one `latin` span and each number one `number` span, also
+    inside Chinese text, so a copy example teaches what the raw-path score checks."""
     rng = np.random.default_rng(0)
     names, numbers = [made_up_name(rng) for _ in range(300)], [made_up_number(rng) for _ in range(300)]
-    assert all(spans(f"我叫{n}。") == [(n, "latin")] for n in names)
+    assert all(spans(f"我叫{n}。") == [(w, "latin") for w in n.split(" ")] for n in names)
     assert all(spans(f"他有{n}本书。") == [(n, "number")] for n in numbers)
     assert len(set(names)) > 250 and len(set(numbers)) > 150  # made up, not drawn from a short list
     assert any(n.isupper() for n in names) and any(any(c.isdigit() for c in n) for n in names)
-    assert sum("00" in n for n in numbers) > 30  # years and round numbers: runs of equal digits
+    runs = [made_up_number(rng) for _ in range(1000)]
+    assert sum("00" in n for n in runs) > 90  # years and round numbers, runs of equal digits: ~136 expected
+
+
+def test_a_share_of_made_up_names_is_several_words():
+    """About SEVERAL_WORDS_SHARE of the names are two or three words, one space apart (a full name:
+    "Terry Tate"), the rest one word; a three-word name is the rarer."""
+    rng = np.random.default_rng(0)
+    words = [len(made_up_name(rng).split(" ")) for _ in range(2000)]
+    assert set(words) == {1, 2, 3}
+    assert 0.15 < sum(w > 1 for w in words) / len(words) < 0.25  # SEVERAL_WORDS_SHARE = 0.2
+    assert words.count(2) > 2 * words.count(3)
+
+
+def test_a_name_of_several_words_is_spelled_with_its_spaces(spm_models):
+    """The target spells a two-word name letter by letter with its space as the piece "▁" (the
+    word boundary a copy must write), and decodes to the same text."""
+    target = spm.SentencePieceProcessor(model_file=str(spm_models[1]))
+    text = "Where is Kovemi Brandel now?"
+    ids = spell_spans(target, text, ["Kovemi Brandel"])
+    assert target.decode(ids) == text
+    spelled = [chr(int(target.id_to_piece(i)[3:5], 16)) if target.is_byte(i) else target.id_to_piece(i) for i in ids]
+    at = spelled.index("K")
+    assert spelled[at - 1 : at + 14] == ["▁", *"Kovemi", "▁", *"Brandel"]
 
 
 def test_made_up_names_take_an_accent_only_from_those_given():
     """With accents, about ACCENT_SHARE of the names hold one of them (and no other non-ASCII
-    letter), each still one `latin` span; without, none does."""
+    letter), each word still one `latin` span; without, none does."""
     rng = np.random.default_rng(0)
     names = [made_up_name(rng, "çł") for _ in range(1000)]
     accented = [n for n in names if not n.isascii()]
     assert 100 < len(accented) < 300
     assert all(sum(c in "çł" for c in n) == 1 and len(n.encode()) == len(n) + 1 for n in accented)
-    assert all(spans(f"我叫{n}。") == [(n, "latin")] for n in accented)
+    assert all(spans(f"我叫{n}。") == [(w, "latin") for w in n.split(" ")] for n in accented)
     assert all(made_up_name(rng).isascii() for _ in range(1000))
 
 
@@ -88,14 +111,16 @@ def test_accents_only_where_both_vocabularies_have_byte_fallback(spm_models, tmp
     ],
 )
 def test_an_aligned_word_pair_becomes_one_span_on_both_sides(zh, en, kind):
-    out = fill_slots(zh, en, np.random.default_rng(3))
-    assert out is not None
-    (span, found), *rest = spans(out[0])
-    assert (
-        not rest and found == kind and (span, kind) in spans(out[1]) and out[2] == [span]
-    )  # every English word is a latin token
-    assert out[0].replace(span, "") == zh.replace("三", "").replace("汤姆", "")
-    assert span in out[1] and "Tom" not in out[1] and "hree" not in out[1]
+    """One made-up span (a name may be several words: a span each) replaces the pair on both sides."""
+    for seed in range(8):
+        out = fill_slots(zh, en, np.random.default_rng(seed))
+        assert out is not None
+        made_zh, made_en, (span,) = out
+        found = spans(made_zh)
+        assert [s for s, _ in found] == span.split(" ") and {k for _, k in found} == {kind}
+        assert set(found) <= set(spans(made_en))  # every English word is a latin token
+        assert made_zh.replace(span, "") == zh.replace("三", "").replace("汤姆", "")
+        assert span in made_en and "Tom" not in made_en and "hree" not in made_en
 
 
 def test_placeholders_on_both_sides_are_filled_and_one_anchor_of_several():

@@ -17,7 +17,7 @@ CORES=$(nproc)
 i=0
 for run in "$@"; do
   args=()
-  for s in "${SETS[@]}"; do args+=(--src "$SPANS/$s.zh" --ref "$SPANS/$s.en" --name "$s"); done
+  for s in "${SETS[@]}"; do args+=(--src "$SPANS/$s.zh" --ref "$SPANS/$s.en" --name "spans-$s"); done
   taskset -c $((i % CORES)) env OMP_NUM_THREADS=1 "$NMT" eval --run "$run" --engine native --no-passthrough \
     "${args[@]}" > "$run/raw-path.txt" 2>&1 &
   i=$((i + 1))

@@ -94,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     tatoeba, news = args.mirror / "tatoeba-zh-en", args.mirror / "wmt-news-zh-en"
     write(args.out, "valid", with_spans(jsonl_pairs(tatoeba / "validation.jsonl"), data))
     write(args.out, "news40", with_spans(jsonl_pairs(news / "validation.jsonl"), data, NEWS_MAX_CHARS))
-    mirror = [p for folder, stem in PLAIN for p in with_spans(plain_pairs(args.mirror / folder, stem), data, MIRROR_MAX_CHARS)]
+    mirror = []
+    for folder, stem in PLAIN:
+        mirror += with_spans(plain_pairs(args.mirror / folder, stem), data, MIRROR_MAX_CHARS)
     random.Random(0).shuffle(mirror)
     write(args.out, "mirror", mirror[:MIRROR_LINES])
     rest = [p for p in mirror[MIRROR_LINES:] if several_words(p)]

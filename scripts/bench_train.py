@@ -8,7 +8,10 @@ train. Each variant runs in its own process (so peak RSS is its own), trains `--
 updates untimed, then `--steps` timed updates on real batches in the sampler's order.
 
 With `--config` a recipe is measured as it is instead (its own shape, batch size and vocabulary;
-variants still set the precision and the attention backend, ``auto`` leaves the recipe's).
+variants still set the precision and the attention backend, ``auto`` leaves the recipe's). Its
+batches are the plain training pairs in the sampler's order: no copy examples or joined pairs and no
+shared piece rows; guided alignment runs on the runs the plain pairs copy (placeholders, digits).
+`scripts/profile_train.py` builds the whole of `nmt train`'s set-up instead.
 
 MFU = analytic training FLOPs of the timed batches (nmt.model.flops.train_flops, formula printed
 below, real tokens only) / time / the matmul peak of this machine measured in the same run
@@ -97,6 +100,7 @@ def run_one(args: argparse.Namespace, variant: str) -> dict:
     from nmt.data.encoded import ParallelSplit
     from nmt.data.tokenizer import load_tokenizers
     from nmt.model.transformer import build_model
+    from nmt.train.alignment import copy_keys
     from nmt.train.update import Trainer
 
     config = reference_config(variant, args.config)
@@ -110,7 +114,9 @@ def run_one(args: argparse.Namespace, variant: str) -> dict:
     if config.train.compile:
         model = torch.compile(model)
     device = torch.device("cpu")
-    trainer = Trainer(model, config.train, device, precision=training_precision(device, config.train.precision))
+    keys = copy_keys(src_tok, tgt_tok) if config.train.guided_alignment else None  # on the plain pairs' runs
+    precision = training_precision(device, config.train.precision)
+    trainer = Trainer(model, config.train, device, precision=precision, copy_keys=keys)
     losses, tgt_tokens, all_tokens, flops, seconds, rates = [], 0, 0, 0.0, 0.0, []
     for i in range(args.warmup + args.steps):
         src, tgt_in, tgt_out = (t.to(device) for t in load_batch(data, batches[i % len(batches)]))

@@ -144,21 +144,17 @@ class Training:
     builds it (`nmt.train.loop._Run`), without checkpoints, validation or logging."""
 
     def __init__(self, config: Config, run_dir: Path) -> None:
-        from nmt.model.wrappers import wrap
         from nmt.train.distributed import DistInfo
-        from nmt.train.loop import BatchFeed, TrainData, build_seeded, share_piece_rows
-        from nmt.train.update import Trainer
+        from nmt.train.loop import BatchFeed, TrainData, build_seeded, build_trainer
 
         self.config, self.device = config, torch.device("cpu")
         self.precision = training_precision(self.device, config.train.precision)
         self.data = TrainData.open(config, run_dir, self.device, DistInfo(), self.precision)
         self.vocab = self.data.vocab_sizes(config)
         self.model = build_seeded(config, self.vocab, self.device, None)
-        shared = share_piece_rows(self.model, self.data) if config.train.share_piece_embeddings else None
-        model = wrap(self.model, config.train.compile, 1, self.device)
-        self.trainer = Trainer(model, config.train, self.device, precision=self.precision)
-        if shared is not None:  # as the loop does: the shared rows' lookup and their sync after each step
-            self.trainer.optimizer.register_step_post_hook(lambda *_: shared.sync())
+        self.trainer, _ = build_trainer(  # as the loop builds it: shared rows, guided alignment
+            self.model, config, self.data, device=self.device, precision=self.precision, world_size=1
+        )
         self.feed = BatchFeed(self.data, config.train.update_freq, self.trainer.state, self.device)
 
     def run(self, n: int) -> Updates:

@@ -150,3 +150,16 @@ def test_the_set_up_shares_piece_rows_as_the_loop_does(prepared_run):
         assert not torch.equal(before, after) and torch.equal(embed.weight[embed.src_rows], after)
     finally:
         training.close()
+
+
+@pytest.mark.slow
+def test_the_set_up_trains_with_guided_alignment_as_the_loop_does(prepared_run):
+    """Both shipped recipes set train.guided_alignment: the profiled trainer gets the run's copy
+    keys (`nmt.train.loop.build_trainer`, as `nmt train` builds it) and trains with the guided head."""
+    config = load_config(ROOT / "configs" / "tiny.yaml", ["train.precision=fp32", "train.guided_alignment=1.0"])
+    training = script.Training(config, prepared_run)
+    try:
+        assert training.trainer.guide is not None
+        assert training.run(1).wall > 0
+    finally:
+        training.close()

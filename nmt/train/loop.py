@@ -23,11 +23,11 @@ batches are built ahead in a background thread, in pinned memory (`BatchFeed`); 
 built when used. Either way the same batches, and the same data position in each checkpoint.
 
 The pieces, one seam each: `TrainData` (this rank's batches, tokenizers, validator), `BatchFeed` (the
-batches of each update), `build_seeded` / `wrap` (the model), `resume_checkpoint` (resume),
-`StoppingRules` (when to stop), `EvalHook` (validation and checkpoints), `TrainLog` +
-`TrainProgress` (logging, MFU against the measured matmul peak), `ResidentMemory` (the peaks of
-anonymous and file-backed memory, logged at the end); `_Run` only wires them together and runs
-the loop.
+batches of each update), `build_seeded` (the model), `build_trainer` (its trainer: shared rows, the
+DDP wrap, guided alignment), `resume_checkpoint` (resume), `StoppingRules` (when to stop), `EvalHook`
+(validation and checkpoints), `TrainLog` + `TrainProgress` (logging, MFU against the measured matmul
+peak), `ResidentMemory` (the peaks of anonymous and file-backed memory, logged at the end); `_Run`
+only wires them together and runs the loop.
 """
 
 from __future__ import annotations
@@ -254,6 +254,24 @@ def share_piece_rows(model: nn.Module, data: TrainData) -> SharedRowsEmbedding:
     return share_rows(model, torch.from_numpy(shared_pieces(data.src_tok, data.tgt_tok)))
 
 
+def build_trainer(
+    model: nn.Module, config: Config, data: TrainData, *, device: torch.device, precision: torch.dtype, world_size: int
+) -> tuple[Trainer, SharedRowsEmbedding | None]:
+    """The `Trainer` of `model` (unwrapped) as `nmt train` builds it: its shared piece rows
+    (``train.share_piece_embeddings``, synced back into the source table after every optimizer
+    step, so that checkpoints, EMA and exports see the whole table), the model wrapped for
+    compilation and DDP, and the copy keys of ``train.guided_alignment``. Returns the trainer and
+    the shared rows (None when off)."""
+    t = config.train
+    shared = share_piece_rows(model, data) if t.share_piece_embeddings else None
+    wrapped = wrap(model, t.compile, world_size, device)
+    keys = copy_keys(data.src_tok, data.tgt_tok) if t.guided_alignment and data.src_tok else None
+    trainer = Trainer(wrapped, t, device, precision=precision, copy_keys=keys)
+    if shared is not None:
+        trainer.optimizer.register_step_post_hook(lambda *_: shared.sync())
+    return trainer, shared
+
+
 def describe_model(model: nn.Module) -> str:
     """`nmt.model.transformer.model_summary`, or a parameter count for other modules."""
     try:
@@ -300,12 +318,9 @@ class _Run:
         if self.resumed.path is None and t.init_from:
             check_vocab_copied(config, run_dir)
             self.resumed.notes.append(init_weights(self.model, config))
-        self.shared = share_piece_rows(self.model, self.data) if t.share_piece_embeddings else None
-        model = wrap(self.model, config.train.compile, info.world_size, device)
-        keys = copy_keys(self.data.src_tok, self.data.tgt_tok) if t.guided_alignment and self.data.src_tok else None
-        self.trainer = Trainer(model, t, device, precision=self.precision, copy_keys=keys)
-        if self.shared is not None:  # the source table whole after every step: checkpoints, EMA, exports
-            self.trainer.optimizer.register_step_post_hook(lambda *_: self.shared.sync())
+        self.trainer, self.shared = build_trainer(
+            self.model, config, self.data, device=device, precision=self.precision, world_size=info.world_size
+        )
         if self.resumed.state is not None:
             self.trainer.load_state_dict(self.resumed.state, restore_rng=info.is_main)
             note = reshard(self.trainer.state, self.resumed.state.get("world_size", 1), info.world_size)

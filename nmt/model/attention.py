@@ -321,7 +321,9 @@ class MultiHeadAttention(nn.Module):
         w, b = self.in_proj.weight, self.in_proj.bias
         q = bucketed(lambda h: F.linear(h, w[rows], b[rows]), x)  # (B, T, dk)
         k = bucketed(lambda m: F.linear(m, w[D:][rows], b[D:][rows]), memory)  # (B, S, dk)
-        return torch.matmul(q, k.transpose(1, 2)).float() * self.d_k**-0.5  # (B, T, S)
+        # in fp32: a bf16 batched matmul costs oneDNN a new kernel for each new (B, T, S), far more
+        # than this one head's few FLOPs (docs/benchmarks-log.md, "Names of several words, ...")
+        return torch.matmul(q.float(), k.float().transpose(1, 2)) * self.d_k**-0.5  # (B, T, S)
 
     def _backend(self, device: torch.device, dtype: torch.dtype) -> str:
         dropout = self.dropout if self.training else 0.0

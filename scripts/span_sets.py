@@ -3,8 +3,7 @@ corpora whose source and reference share a pass-through span, by the score's own
 (`nmt.data.passthrough.score_lines`: each side normalised as in training, every span kind).
 
     python scripts/span_sets.py --mirror ../shared/data --out runs/spans
-    nmt eval --run RUN --engine native --no-passthrough \\
-        --src runs/spans/valid.zh --ref runs/spans/valid.en --name valid ...
+    python scripts/bench_raw_path.py --spans runs/spans RUN...   # the table of every set
 
 Sets, each as OUT/NAME.zh and OUT/NAME.en:
 

@@ -212,7 +212,7 @@ class TrainConfig:
     # guided alignment (nmt/train/alignment.py): one cross-attention head of the last decoder layer is
     # trained to look at the source letter, digit or placeholder each copied target piece copies, and
     # away from a copied run once it is written; this weight × that loss is added to the loss (the
-    # log's "align": per copied piece); the saved model is an ordinary one; e.g. 2.0 with copy_spans
+    # log's "align": per copied piece); the saved model is an ordinary one; e.g. 1.0 with copy_spans
     guided_alignment: float = 0.0
     clip_norm: float = 1.0  # 0 disables clipping
     max_len: int = 256  # pairs with a longer side (in pieces) are skipped

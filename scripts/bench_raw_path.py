@@ -6,9 +6,9 @@ of `scripts/span_sets.py`, as one table of the spans kept per set.
 
 Each run is scored by `nmt eval --run RUN --engine native --no-passthrough` (the run's beam) on
 every set, one run per core with one thread, as many at a time as there are cores; the reports
-land in RUN/eval/spans-<set>.* and the table is read back from their JSON. `--no-eval` only
-prints the table of reports already there. Decide on valid, news40, mirror and mirror-words; the
-test set is there to report, never to decide on.
+land in RUN/eval/spans-<set>.* (the output of `nmt eval` in RUN/eval/spans-raw-path.log) and the
+table is read back from their JSON. `--no-eval` only prints the table of reports already there.
+Decide on valid, news40, mirror and mirror-words; the test set is there to report, never to decide on.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from nmt.run.layout import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 SETS = ("valid", "news40", "mirror", "mirror-words", "test")
@@ -40,19 +42,20 @@ def evaluate(runs: list[Path], spans: Path) -> None:
     for start in range(0, len(runs), len(cores)):
         jobs = []
         for run, core in zip(runs[start : start + len(cores)], cores, strict=False):
-            log = (run / "raw-path.log").open("w", encoding="utf-8")
+            RunDir(run).eval.mkdir(parents=True, exist_ok=True)
+            log = RunDir(run).eval_file(f"{PREFIX}raw-path", "log").open("w", encoding="utf-8")
             cmd = ["taskset", "-c", str(core), *eval_command(run, spans)]
             jobs.append((run, log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)))
         for run, log, job in jobs:
             if job.wait():
-                raise SystemExit(f"nmt eval failed for {run}: see {run / 'raw-path.log'}")
+                raise SystemExit(f"nmt eval failed for {run}: see {log.name}")
             log.close()
 
 
 def kept(run: Path, name: str) -> dict | None:
     """The pass-through score of `run`'s report on span set `name` ({"spans", "kept",
     "accuracy"}), None where there is none."""
-    report = run / "eval" / f"{PREFIX}{name}.json"
+    report = RunDir(run).eval_report(PREFIX + name)
     if not report.is_file():
         return None
     return json.loads(report.read_text(encoding="utf-8")).get("passthrough")

@@ -28,9 +28,9 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
-from nmt.config import PASSTHROUGH_KINDS, DataConfig, load_config
+from nmt.config import DataConfig, load_config
 from nmt.data.normalize import normalize_source, normalize_target
-from nmt.data.passthrough import Detector
+from nmt.data.passthrough import score_detector, shared_spans
 
 Pair = tuple[str, str, set[str]]  # (zh, en, the span texts both hold)
 MIRROR_LINES, MIRROR_WORDS_LINES, MIRROR_MAX_CHARS, NEWS_MAX_CHARS = 400, 200, 60, 40
@@ -59,13 +59,12 @@ def plain_pairs(folder: Path, stem: str) -> Iterator[tuple[str, str]]:
 
 def with_spans(pairs: Iterator[tuple[str, str]], data: DataConfig, max_chars: int | None = None) -> list[Pair]:
     """The pairs (of at most `max_chars` Chinese characters) whose two sides share a span."""
-    detector = Detector(data.passthrough or PASSTHROUGH_KINDS, data.protected_terms)
+    detector = score_detector(data)
     out = []
     for zh, en in pairs:
         if not zh.strip() or "\t" in zh or (max_chars and len(zh) > max_chars):
             continue
-        shared = {s.text for s in detector.find(normalize_source(zh, data))}
-        shared &= {s.text for s in detector.find(normalize_target(en, data))}
+        shared = shared_spans(detector, normalize_source(zh, data), normalize_target(en, data))
         if shared:
             out.append((zh, en, shared))
     return out

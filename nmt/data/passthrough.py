@@ -226,12 +226,23 @@ def masker(data: DataConfig, *tokenizers: object) -> Detector | None:
 # --------------------------------------------------------------------------- the score
 
 
+def score_detector(data: DataConfig) -> Detector:
+    """The detector the score finds spans with: the run's kinds, or every kind when pass-through is
+    off, so that runs with and without the feature are scored on the same spans."""
+    return Detector(data.passthrough or PASSTHROUGH_KINDS, data.protected_terms)
+
+
+def shared_spans(detector: Detector, src: str, ref: str) -> set[str]:
+    """The distinct span texts of a (normalised) source also found, by the same rules, in its reference."""
+    return {s.text for s in detector.find(src)} & {s.text for s in detector.find(ref)}
+
+
 def passthrough_score(sources: list[str], refs: list[str], hyps: list[str], detector: Detector) -> dict:
     """Of the distinct span texts of each source also found (by the same rules) in its reference,
     the share also found in the hypothesis. Texts must already be normalised."""
     total = kept = 0
     for src, ref, hyp in zip(sources, refs, hyps, strict=True):
-        wanted = {s.text for s in detector.find(src)} & {s.text for s in detector.find(ref)}
+        wanted = shared_spans(detector, src, ref)
         total += len(wanted)
         kept += len(wanted & {s.text for s in detector.find(hyp)})
     return {"spans": total, "kept": kept, "accuracy": kept / total if total else None}
@@ -240,12 +251,11 @@ def passthrough_score(sources: list[str], refs: list[str], hyps: list[str], dete
 def score_lines(data: DataConfig, sources: list[str], refs: list[str], hyps: list[str]) -> dict:
     """`passthrough_score` of raw lines, each normalised as its side is in training.
 
-    Spans are those of the run's kinds, or of every kind when pass-through is off, so that runs
-    with and without the feature are scored on the same spans.
+    Spans are those of `score_detector`.
     """
     from nmt.data.normalize import normalize_source, normalize_target
 
-    detector = Detector(data.passthrough or PASSTHROUGH_KINDS, data.protected_terms)
+    detector = score_detector(data)
     return passthrough_score(
         [normalize_source(s, data) for s in sources],
         [normalize_target(r, data) for r in refs],

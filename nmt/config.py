@@ -143,8 +143,9 @@ class VocabConfig:
     # hold accented names; not better on validation at 20 minutes (docs/benchmarks-log.md)
     byte_fallback_en: bool = False
     # every digit its own piece on both sides (SentencePiece's split_digits, as LLaMA's and PaLM's
-    # vocabularies): "1955" is 1 9 5 5 wherever it stands, never "▁19" "5" "5" or "10" "0"; not
-    # better on validation at 20 minutes (docs/benchmarks-log.md)
+    # vocabularies): "1955" is 1 9 5 5 wherever it stands, never "▁19" "5" "5" or "10" "0". With
+    # copy examples and guided alignment a number is then copied one digit a piece on both sides, as
+    # the copies spell it; on in configs/small.yaml and medium.yaml (BENCHMARKS, quality with real data)
     split_digits: bool = False
     # SentencePiece trains on a seeded sample of the train pairs (nmt/data/vocab_sample.py): the pairs of
     # smallest key up to this many characters per side. Its memory grows with this, not with the corpus:

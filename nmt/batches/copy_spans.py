@@ -53,18 +53,6 @@ NUMBER_ANCHORS = (
     ("两", "two"), ("三", "three"), ("四", "four"), ("五", "five"), ("六", "six"),
     ("七", "seven"), ("八", "eight"), ("九", "nine"), ("十", "ten"),
 )  # fmt: skip
-# a placeholder right before one of these characters holds a number of its shape (an hour, minutes,
-# a month, a day, an age), so that the copies of "⦅0⦆点⦅1⦆分" / "⦅0⦆:⦅1⦆" read as times ("7点45分" /
-# "7:45") rather than "QTX点3.5分": (lowest, highest, digits at least)
-UNIT_NUMBERS = {
-    "点": (1, 12, 1), "點": (1, 12, 1), "时": (0, 23, 1), "時": (0, 23, 1), "分": (10, 59, 2),
-    "月": (1, 12, 1), "日": (1, 31, 1), "号": (1, 31, 1), "號": (1, 31, 1), "岁": (1, 99, 1), "歲": (1, 99, 1),
-}  # fmt: skip
-MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
-          "October", "November", "December")  # fmt: skip
-_ZH_MONTHS = ("一", "二", "三", "四", "五", "六", "七", "八", "九", "十", "十一", "十二")
-# a month a Chinese side names, in numerals or digits ("八月", "8月", "十二月"); not "三个月" (a length)
-_ZH_MONTH = re.compile("(?<![0-9一二三四五六七八九十〇零两])(十[一二]|[一二三四五六七八九十]|1[0-2]|[1-9])月")
 _SALT = 0xC0B1  # keeps the copies' draws apart from the sampler's and the joined pairs' (seed, window) streams
 _PLACEHOLDER = re.compile("⦅\\d+⦆")
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -248,57 +236,23 @@ class CopiedPairs:
 
 def fill_slots(zh: str, en: str, rng: np.random.Generator, accents: str = "") -> tuple[str, str, list[str]] | None:
     """(zh, en, the made-up spans) with every placeholder held by both sides and one anchor word
-    pair replaced by made-up spans, the same text on both sides (`placeholder_span`), and a month
-    both sides name changed to another (`other_month`); None where the pair holds no such slot.
-    `accents`: as `made_up_name` takes it."""
+    pair replaced by made-up spans, the same text on both sides; None where the pair holds no
+    such slot. `accents`: as `made_up_name` takes it."""
     placeholders = sorted(set(_PLACEHOLDER.findall(zh)) & set(_PLACEHOLDER.findall(en)))
     name = partial(made_up_name, accents=accents)
     anchors = [(z, e, name) for z, e in NAME_ANCHORS if _once(z, e, zh, en)]
     anchors += [(z, e, made_up_number) for z, e in NUMBER_ANCHORS if _once(z, e, zh, en)]
-    month = _month_slot(zh, en)
-    if not placeholders and not anchors and month is None:
+    if not placeholders and not anchors:
         return None
-    if month is not None:
-        zh, en = other_month(zh, en, month, rng)
     made = []
     for placeholder in placeholders:
-        made.append(placeholder_span(placeholder, zh, rng, name))
+        made.append((name if rng.random() < 0.5 else made_up_number)(rng))
         zh, en = zh.replace(placeholder, made[-1]), en.replace(placeholder, made[-1])
     if anchors:
         z, e, make = anchors[int(rng.integers(len(anchors)))]
         made.append(make(rng))
         zh, en = zh.replace(z, made[-1]), _word(e).sub(made[-1], en)
     return zh, en, made
-
-
-def placeholder_span(placeholder: str, zh: str, rng: np.random.Generator, name=made_up_name) -> str:
-    """The made-up span for `placeholder`: a number of the shape UNIT_NUMBERS gives where a unit
-    follows it in `zh` ("⦅0⦆点" → "7"); else a name (`name`) or a number, half the time each."""
-    after = zh[zh.index(placeholder) + len(placeholder) :][:2]
-    if after[:1] in UNIT_NUMBERS and after != "日元":  # "110日元" is yen, not a day
-        low, high, digits = UNIT_NUMBERS[after[:1]]
-        return f"{int(rng.integers(low, high + 1)):0{digits}d}"
-    return (name if rng.random() < 0.5 else made_up_number)(rng)
-
-
-def _month_slot(zh: str, en: str) -> int | None:
-    """The month (1-12) both sides name once each ("8月" / "August"), else None."""
-    found = _ZH_MONTH.findall(zh)
-    if len(found) != 1:
-        return None
-    month = int(found[0]) if found[0].isdigit() else _ZH_MONTHS.index(found[0]) + 1
-    return month if len(re.findall(f"\\b{MONTHS[month - 1]}\\b", en)) == 1 else None
-
-
-def other_month(zh: str, en: str, month: int, rng: np.random.Generator) -> tuple[str, str]:
-    """`zh` and `en` naming another month, drawn at random, instead of `month`: in digits or numerals on
-    the Chinese side ("3月", "三月"), by name on the English ("March"). Not a copy: the model learns
-    the months' names where news dates stand ("8月10日" / "August 10"), which copies of the day
-    alone taught it to run together ("810")."""
-    new = int(rng.integers(1, 12))
-    new += new >= month  # one of the 11 others
-    zh_month = f"{new}月" if rng.random() < 0.5 else f"{_ZH_MONTHS[new - 1]}月"
-    return _ZH_MONTH.sub(zh_month, zh, count=1), re.sub(f"\\b{MONTHS[month - 1]}\\b", MONTHS[new - 1], en)
 
 
 def spell_spans(sp: spm.SentencePieceProcessor, text: str, spans: list[str]) -> list[int]:

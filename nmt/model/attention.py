@@ -321,9 +321,11 @@ class MultiHeadAttention(nn.Module):
         w, b = self.in_proj.weight, self.in_proj.bias
         q = bucketed(lambda h: F.linear(h, w[rows], b[rows]), x)  # (B, T, dk)
         k = bucketed(lambda m: F.linear(m, w[D:][rows], b[D:][rows]), memory)  # (B, S, dk)
-        # in fp32: a bf16 batched matmul costs oneDNN a new kernel for each new (B, T, S), far more
-        # than this one head's few FLOPs (docs/benchmarks-log.md, "Names of several words, ...")
-        return torch.matmul(q.float(), k.float().transpose(1, 2)) * self.d_k**-0.5  # (B, T, S)
+        # in fp32, autocast or not: a bf16 batched matmul costs oneDNN a new kernel for each new
+        # (B, T, S), far more than this one head's few FLOPs (docs/benchmarks-log.md, "Names of
+        # several words, ..."), and a loss on the attention needs its small probabilities
+        with torch.autocast(q.device.type, enabled=False):
+            return torch.matmul(q.float(), k.float().transpose(1, 2)) * self.d_k**-0.5  # (B, T, S)
 
     def _backend(self, device: torch.device, dtype: torch.dtype) -> str:
         dropout = self.dropout if self.training else 0.0

@@ -149,12 +149,18 @@ class GuidedAlignment:
         pad = kwargs.get("key_pad")
         if pad is not None:
             scores = scores.masked_fill(pad.index_select(0, rows)[:, None, :], float("-inf"))
-        self._losses.append(guided_loss(scores.log_softmax(dim=-1), target))
+        with torch.autocast(scores.device.type, enabled=False):  # fp32 under autocast too (`guided_loss`)
+            self._losses.append(guided_loss(scores.log_softmax(dim=-1), target))
 
 
 def guided_loss(log_probs: Tensor, target: Tensor) -> Tensor:
     """log_probs (R, T, S) of the head, target (R, T, 3) (`alignment_targets`) → the summed
-    −log attention on each copied piece plus −log(1 − attention on the run) after each run."""
+    −log attention on each copied piece plus −log(1 − attention on the run) after each run.
+
+    Computed in fp32 whatever `log_probs` is: in bf16 an attention of 1 − 1e-6 on the run rounds
+    to 1 and its −log(1 − p) to infinity (under autocast, CUDA's or DDP's, updates were skipped as
+    non-finite until training stopped)."""
+    log_probs = log_probs.float()
     copy = target[..., COPY]  # (R, T)
     picked = log_probs.gather(2, copy.clamp(min=0)[..., None]).squeeze(2)  # (R, T)
     loss = -torch.where(copy >= 0, picked, torch.zeros_like(picked)).sum()

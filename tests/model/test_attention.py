@@ -503,3 +503,15 @@ def test_head_scores_are_the_heads_attention_before_its_softmax(monkeypatch):
     for head in range(H):
         probs = mha.head_scores(x, memory, head).masked_fill(pad[:, None, :], float("-inf")).softmax(-1)  # (B, T, S)
         torch.testing.assert_close(probs @ captured["v"][:, head], captured["out"][:, head], rtol=1e-5, atol=1e-6)
+
+
+def test_head_scores_are_fp32_under_autocast():
+    """Under a bf16 autocast the scores stay an fp32 matmul (a loss on them needs small probabilities)."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(D, H, backend="math")
+    x, memory = torch.randn(2, 5, D), torch.randn(2, 7, D)
+    plain = mha.head_scores(x, memory, 1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        scores = mha.head_scores(x, memory, 1)
+    assert scores.dtype == torch.float32
+    torch.testing.assert_close(scores, plain, rtol=0.05, atol=0.05)  # q and k were bf16 linears

@@ -14,7 +14,16 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
 from nmt.model.transformer import Transformer
 from nmt.serve.attention_map import attention_probs
-from nmt.train.alignment import COPY, HEAD, LEAVE_FROM, LEAVE_TO, GuidedAlignment, alignment_targets, copy_keys
+from nmt.train.alignment import (
+    COPY,
+    HEAD,
+    LEAVE_FROM,
+    LEAVE_TO,
+    GuidedAlignment,
+    alignment_targets,
+    copy_keys,
+    guided_loss,
+)
 from nmt.train.update import Trainer
 
 # keys of a made-up pair of vocabularies: ids 10-19 are the digits "0"-"9" on both sides, 20-21 the
@@ -121,6 +130,34 @@ def test_the_loss_is_minus_the_log_attention_of_the_head_on_the_aligned_pieces()
     want = -sum(torch.log(probs[b, t, s]) for b, t, s in copied)
     want -= torch.log(1 - probs[0, 4, 0:4].sum())  # the 8 after "2005" leaves source positions 0-3
     assert len(copied) == 4 and loss.item() == pytest.approx(want.item(), rel=1e-5)
+
+
+def test_the_loss_is_finite_where_bf16_rounds_the_attention_on_the_run_to_one():
+    """A head that stays on the run it has copied: in bf16 its attention there is exactly 1, and
+    −log(1 − p) must still be finite (the clamp holds in fp32), with a gradient."""
+    scores = torch.tensor([[[0.0, 0.0, 0.0], [30.0, 0.0, 0.0]]], requires_grad=True)  # (R=1, T=2, S=3)
+    target = torch.tensor([[[0, -1, -1], [-1, 0, 1]]])  # piece 0 copies source 0; piece 1 leaves it
+    log_probs = scores.bfloat16().log_softmax(-1)
+    assert log_probs[0, 1, 0].exp().item() == 1.0  # what the clamp at 1 − 1e-6 meets in bf16
+    loss = guided_loss(log_probs, target)
+    loss.backward()
+    assert loss.dtype == torch.float32 and torch.isfinite(loss) and torch.isfinite(scores.grad).all()
+
+
+def test_under_autocast_the_hook_records_a_finite_fp32_loss():
+    """With autocast in bf16 (CUDA training, DDP on a CPU, ``train.bf16_weight_copy: false``) the
+    head's scores and the loss stay fp32: the same loss as without autocast, to bf16's precision."""
+    model = small_transformer().train()
+    batch = collate([([12, 10, 10, 15, 6], [12, 10, 10, 15, 8]), ([5, 6, 7], [8, 9])])
+    guide = GuidedAlignment(model, KEYS)
+    losses = []
+    for enabled in (False, True):
+        guide.expect(guide.targets(*batch), torch.device("cpu"))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            model(batch.src, batch.tgt_in)
+        losses.append(guide.take())
+    assert all(loss.dtype == torch.float32 and torch.isfinite(loss) for loss in losses)
+    assert losses[1].item() == pytest.approx(losses[0].item(), rel=0.05)
 
 
 def test_the_hook_records_nothing_unarmed_or_in_evaluation():

@@ -134,7 +134,19 @@ def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
 
 
 def launch_with_torchrun(nproc: int, argv: list[str]) -> int:
-    """Re-run this command line as `nproc` processes on this machine via torchrun; exit code."""
-    import subprocess
+    """Re-run this command line as `nproc` processes on this machine via torchrun's launcher, run
+    in this process so that a failed rank ends in its own one-line error and one line here (the
+    launcher run as a command adds its own traceback); the exit code."""
+    import sys
 
-    return subprocess.call(torchrun_command(nproc, argv))
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    try:
+        run(get_args_parser().parse_args(torchrun_command(nproc, argv)[3:]))  # past `python -m torch.distributed.run`
+    except ChildFailedError as failed:
+        rank, first = failed.get_first_failure()  # the others were stopped because of it
+        print(f"error: training process {rank} of {nproc} failed (exit code {first.exitcode}); its message is above",
+              file=sys.stderr)  # fmt: skip
+        return first.exitcode if first.exitcode > 0 else 1
+    return 0

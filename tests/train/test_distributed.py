@@ -154,6 +154,19 @@ def test_a_run_saved_on_two_ranks_resumes_exactly_on_one(tmp_path):
     assert "resuming on 1 ranks (saved with 2): the data continues at batch 8 of epoch 0" in log
 
 
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to python")
+def test_a_failed_rank_ends_nproc_training_in_one_line_not_a_traceback(tmp_path):
+    """`nmt train --nproc 2` whose ranks stop on an error: each rank's one-line error, then one
+    line naming the first rank that failed, a non-zero exit, and no traceback of the launcher's."""
+    cmd = [sys.executable, "-m", "nmt", "train", "--nproc", "2", "--config", str(ROOT / "configs" / "tiny.yaml"),
+           "--run", str(tmp_path / "run"), "--mirror", str(tmp_path / "missing")]  # fmt: skip
+    proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=240, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 1
+    assert "mirror directory not found" in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: training process ")
+
+
 def test_torchrun_command_passes_nmt_options_through():
     from nmt.train.distributed import torchrun_command
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -113,14 +114,12 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
-def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
-    """The torchrun command line that runs `nmt <argv>` as `nproc` local processes.
+def torchrun_args(nproc: int, argv: list[str]) -> list[str]:
+    """torchrun's arguments (`torchrun ARGS`) that run `nmt <argv>` as `nproc` local processes.
 
     `--nproc` is dropped from argv (each process is one rank), and `--` keeps torchrun's own
     parser away from nmt's options (it would read `--run` as an abbreviation of `--run-path`).
     """
-    import sys
-
     args, skip = [], False
     for arg in argv:
         if skip:
@@ -129,21 +128,18 @@ def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
             skip = True
         elif not arg.startswith("--nproc="):
             args.append(arg)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    return [*cmd, "-m", "nmt", "--", *args]
+    return ["--standalone", f"--nproc_per_node={nproc}", "-m", "nmt", "--", *args]
 
 
 def launch_with_torchrun(nproc: int, argv: list[str]) -> int:
-    """Re-run this command line as `nproc` processes on this machine via torchrun's launcher, run
-    in this process so that a failed rank ends in its own one-line error and one line here (the
-    launcher run as a command adds its own traceback); the exit code."""
-    import sys
-
+    """Re-run this command line as `nproc` processes on this machine with torchrun's launcher, run
+    in this process so that a failed rank ends in its own one-line error and one line here naming
+    it (torchrun as a command adds its own traceback); the exit code."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     try:
-        run(get_args_parser().parse_args(torchrun_command(nproc, argv)[3:]))  # past `python -m torch.distributed.run`
+        run(get_args_parser().parse_args(torchrun_args(nproc, argv)))
     except ChildFailedError as failed:
         rank, first = failed.get_first_failure()  # the others were stopped because of it
         print(f"error: training process {rank} of {nproc} failed (exit code {first.exitcode}); its message is above",

@@ -167,10 +167,14 @@ def test_a_failed_rank_ends_nproc_training_in_one_line_not_a_traceback(tmp_path)
     assert proc.stderr.strip().splitlines()[-1].startswith("error: training process ")
 
 
-def test_torchrun_command_passes_nmt_options_through():
-    from nmt.train.distributed import torchrun_command
+def test_torchrun_args_pass_nmt_options_through():
+    from torch.distributed.run import get_args_parser
 
-    cmd = torchrun_command(2, ["train", "--config", "c.yaml", "--nproc", "2", "--run", "r", "--nproc=2"])
-    assert "--nproc_per_node=2" in cmd
-    tail = cmd[cmd.index("nmt") + 1 :]
-    assert tail == ["--", "train", "--config", "c.yaml", "--run", "r"]
+    from nmt.train.distributed import torchrun_args
+
+    args = torchrun_args(2, ["train", "--config", "c.yaml", "--nproc", "2", "--run", "r", "--nproc=2"])
+    assert "--nproc_per_node=2" in args
+    assert args[args.index("nmt") + 1 :] == ["--", "train", "--config", "c.yaml", "--run", "r"]
+    parsed = get_args_parser().parse_args(args)  # as the launcher reads them
+    assert parsed.module and parsed.training_script == "nmt"
+    assert parsed.training_script_args == ["train", "--config", "c.yaml", "--run", "r"]

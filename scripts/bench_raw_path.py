@@ -42,8 +42,9 @@ def evaluate(runs: list[Path], spans: Path) -> None:
     for start in range(0, len(runs), len(cores)):
         jobs = []
         for run, core in zip(runs[start : start + len(cores)], cores, strict=False):
-            RunDir(run).eval.mkdir(parents=True, exist_ok=True)
-            log = RunDir(run).eval_file(f"{PREFIX}raw-path", "log").open("w", encoding="utf-8")
+            layout = RunDir(run)
+            layout.eval.mkdir(parents=True, exist_ok=True)
+            log = layout.eval_file(f"{PREFIX}raw-path", "log").open("w", encoding="utf-8")
             cmd = ["taskset", "-c", str(core), *eval_command(run, spans)]
             jobs.append((run, log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)))
         for run, log, job in jobs:

@@ -149,8 +149,7 @@ class GuidedAlignment:
         pad = kwargs.get("key_pad")
         if pad is not None:
             scores = scores.masked_fill(pad.index_select(0, rows)[:, None, :], float("-inf"))
-        with torch.autocast(scores.device.type, enabled=False):  # fp32 under autocast too (`guided_loss`)
-            self._losses.append(guided_loss(scores.log_softmax(dim=-1), target))
+        self._losses.append(guided_loss(scores.log_softmax(dim=-1), target))  # fp32 scores: `head_scores`
 
 
 def guided_loss(log_probs: Tensor, target: Tensor) -> Tensor:

@@ -140,7 +140,8 @@ class VocabConfig:
     byte_fallback: bool = True  # on the zh side; guarantees no <unk>
     # on the other side too (256 of its pieces become bytes): it can then write any letter a name
     # holds ("Timuçin", "Wienczysława") where its pieces lack it, and copy examples (train.copy_spans)
-    # hold accented names; not better on validation at 20 minutes (docs/benchmarks-log.md)
+    # hold accented names; at 20 minutes it kept those names but fewer of the other held-out spans
+    # (two seeds side by side, docs/benchmarks-log.md)
     byte_fallback_en: bool = False
     # every digit its own piece on both sides (SentencePiece's split_digits, as LLaMA's and PaLM's
     # vocabularies): "1955" is 1 9 5 5 wherever it stands, never "▁19" "5" "5" or "10" "0". With

@@ -148,6 +148,13 @@ class VocabConfig:
     # copy examples and guided alignment a number is then copied one digit a piece on both sides, as
     # the copies spell it; on in configs/small.yaml and medium.yaml (BENCHMARKS, quality with real data)
     split_digits: bool = False
+    # every printable ASCII character (letters, digits, punctuation) a piece of both vocabularies,
+    # however rare in the sample (SentencePiece's required_chars). Without it a Chinese side keeps
+    # only the Latin letters its text uses often enough for its character coverage (Tatoeba's: 9 of
+    # the 26 lower-case letters), so a raw name is read partly as byte pieces ("Mary" as M a r <0x79>),
+    # and an English side cannot write what its sample never held ("/", "@"): raw names, URLs and
+    # addresses are then copied piece for piece as the copies (train.copy_spans) spell them
+    ascii_pieces: bool = False
     # SentencePiece trains on a seeded sample of the train pairs (nmt/data/vocab_sample.py): the pairs of
     # smallest key up to this many characters per side. Its memory grows with this, not with the corpus:
     # about 50 bytes per character on the zh side and 25 on the en side, both sides at once (BENCHMARKS)

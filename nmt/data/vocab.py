@@ -21,6 +21,10 @@ The `.model` bytes depend only on the sample's pairs, the config and SPM_THREADS
 directory, the worker count or the order of the pairs. Files are written atomically; a rerun
 after a kill removes the half-written ones and ends with the same bytes.
 
+`vocab.ascii_pieces` makes every printable ASCII character a piece of both models, however rare
+in the sample (SentencePiece's `required_chars`), so that a raw Latin name, number or URL is read
+and written letter by letter on both sides rather than partly as bytes or `<unk>`.
+
 The stage stamp covers the corpus files, the vocab and data sections, so a changed corpus or
 vocabulary redoes both the models and the encoding.
 
@@ -38,6 +42,7 @@ import io
 import json
 import multiprocessing
 import shutil
+import string
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -64,6 +69,7 @@ from nmt.run.stamps import clear_stamp, hash_files, stage_is_done, write_stamp
 
 _META_PIECES = 4  # pad, unk, bos, eos
 _BYTE_PIECES = 256
+ASCII_CHARS = string.ascii_letters + string.digits + string.punctuation  # vocab.ascii_pieces: 94 pieces
 
 
 # --------------------------------------------------------------------------- training
@@ -86,7 +92,8 @@ def _fit_chars(
     sample: Path, text: Path, size: int, coverage: float, byte_fallback: bool, key: str, symbols: int = 0
 ) -> set[str] | None:
     """None when the characters `coverage` requires in `sample` fit in `size`; else the most
-    frequent ones that do. `text` (the corpus file the sample was drawn from) names errors.
+    frequent ones that do. `text` (the corpus file the sample was drawn from) names errors;
+    `symbols`: pieces reserved besides the meta and byte pieces (placeholders, required characters).
 
     SentencePiece refuses a coverage below 0.98, so with byte fallback the rarer characters are
     instead left out of its training text (they encode as byte pieces).
@@ -128,7 +135,8 @@ def _sentences(sample: Path, allowed: set[str] | None) -> Iterator[str]:
 def _spm_options(v: VocabConfig, size: int, coverage: float, byte_fallback: bool, symbols: list[str]) -> dict:
     """SentencePiece's settings. No path among them (the text comes from an iterator, the model
     goes to memory), so the model, which stores them, holds none; the whole sample is used."""
-    opts = {
+    required = {"required_chars": ASCII_CHARS} if v.ascii_pieces else {}
+    opts = required | {
         "model_type": v.type,
         "vocab_size": size,
         "character_coverage": coverage,
@@ -196,7 +204,10 @@ def train_model(config: Config, sample: Path, model: Path, side: str, text: Path
     bt = config.data.backtranslation
     if side == "src" and bt is not None and bt.tag:
         symbols.append(BT_TAG)  # one piece of the source vocabulary, which the target never has
-    allowed = _fit_chars(sample, text, size, coverage, byte_fallback, key, len(symbols))
+    required = len(ASCII_CHARS) if v.ascii_pieces else 0  # pieces whatever the coverage (_spm_options)
+    allowed = _fit_chars(sample, text, size, coverage, byte_fallback, key, len(symbols) + required)
+    if allowed is not None and required:
+        allowed |= set(ASCII_CHARS)  # in SentencePiece's text too, so that pieces may join them
     spm.set_random_generator_seed(config.data.seed)
     proto = _train_bytes(_spm_options(v, size, coverage, byte_fallback, symbols), sample, allowed, text, key)
     got = _write_model(proto, model)

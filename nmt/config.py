@@ -128,6 +128,12 @@ class DataConfig:
         return self.direction.split("-")[1]
 
 
+# lower-case letters of Latin-1 and Latin Extended-A that names in an everyday corpus hold
+# (Tatoeba's: "Timuçin", "Wienczysława", "Yaguatí"): what vocab.accented_pieces makes pieces and
+# what copy examples may put in a made-up name (nmt.batches.copy_spans)
+ACCENTED_LETTERS = "áàâäãåçéèêëíìîïñóòôöõøúùûüýÿłśźżćęąčšžřěőűğş"
+
+
 @dataclass
 class VocabConfig:
     type: Literal["unigram", "bpe"] = "unigram"
@@ -155,6 +161,11 @@ class VocabConfig:
     # and an English side cannot write what its sample never held ("/", "@"): raw names, URLs and
     # addresses are then copied piece for piece as the copies (train.copy_spans) spell them
     ascii_pieces: bool = False
+    # every letter of ACCENTED_LETTERS, lower and upper case, a piece of both vocabularies the same
+    # way: a raw "Timuçin" or "Yaguatí" can then be read and written whole, and copy examples
+    # (train.copy_spans) give a share of their made-up names such a letter, as byte fallback on both
+    # sides does (vocab.byte_fallback_en), without giving 256 English pieces to bytes
+    accented_pieces: bool = False
     # SentencePiece trains on a seeded sample of the train pairs (nmt/data/vocab_sample.py): the pairs of
     # smallest key up to this many characters per side. Its memory grows with this, not with the corpus:
     # about 50 bytes per character on the zh side and 25 on the en side, both sides at once (BENCHMARKS)

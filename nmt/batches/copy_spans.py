@@ -17,8 +17,9 @@ spells each made-up span one character per piece (`spell_spans`), so that the mo
 by letter, in step with the source (decoded, the pieces give the same text). "我有三只猫。" / "I have
 three cats." may give "我有47只猫。" / "I have 47 cats."; "汤姆在哪里？" / "Where is Tom?" gives
 "Kovemi在哪里？" / "Where is Kovemi?". The pair itself stays, so 汤姆 is still translated. Where
-both vocabularies have byte fallback (``vocab.byte_fallback_en`` gives it to the English side),
-a fifth of the made-up names hold an accented letter ("Brandél"), as Tatoeba's do ("Timuçin").
+both vocabularies write every accented letter (``vocab.accented_pieces``, or byte fallback on both
+sides: ``vocab.byte_fallback_en``), a fifth of the made-up names hold one ("Brandél"), as
+Tatoeba's do ("Timuçin").
 
 The copies are made once, when training opens its data (every pair of the split that may give
 one is decoded: about a second for Tatoeba's 24k pairs, minutes at tens of millions), from
@@ -40,6 +41,7 @@ import numpy as np
 import sentencepiece as spm
 
 from nmt import UNK_ID
+from nmt.config import ACCENTED_LETTERS
 from nmt.errors import NmtError
 
 # (zh, en) word pairs a translation aligns one to one, frequent in everyday corpora (Tatoeba's
@@ -56,11 +58,10 @@ NUMBER_ANCHORS = (
 _SALT = 0xC0B1  # keeps the copies' draws apart from the sampler's and the joined pairs' (seed, window) streams
 _PLACEHOLDER = re.compile("⦅\\d+⦆")
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
-# lower-case letters of Latin-1 and Latin Extended-A that names of Tatoeba's languages hold
-# ("Timuçin", "Wienczysława", "Yaguatí"); a made-up name may take one where both vocabularies
-# have byte fallback, so that a model copies them too instead of stopping there
-ACCENTED = "áàâäãåçéèêëíìîïñóòôöõøúùûüýÿłśźżćęąčšžřěőűğş"
-ACCENT_SHARE = 0.2  # of the made-up names, where both vocabularies have byte fallback
+# a made-up name may take a letter of nmt.config.ACCENTED_LETTERS where both vocabularies write
+# each of them (as pieces, vocab.accented_pieces, or as bytes, vocab.byte_fallback_en), so that a
+# model copies them too instead of stopping there
+ACCENT_SHARE = 0.2  # of the made-up names, where both vocabularies write every accented letter
 # of the made-up names, two or three words ("Kovemi Brandel", "QTX Oskit lun"): test sentences hold
 # full names and phrases ("Terry Tate", "to get the sack"), which single-word copies taught a model
 # to run together ("TerryTate"): nothing showed it a space inside a copy
@@ -94,6 +95,11 @@ def made_up_name(rng: np.random.Generator, accents: str = "") -> str:
 def has_byte_fallback(sp: spm.SentencePieceProcessor) -> bool:
     """Whether `sp` writes any character, as its UTF-8 bytes where it has no piece for it."""
     return sp.is_byte(sp.piece_to_id("<0xC3>"))
+
+
+def writes_accents(sp: spm.SentencePieceProcessor) -> bool:
+    """Whether `sp` writes every letter of ACCENTED_LETTERS without <unk>: by byte fallback, or each a piece."""
+    return has_byte_fallback(sp) or all(sp.piece_to_id(c) != UNK_ID for c in ACCENTED_LETTERS)
 
 
 def _plain_name(rng: np.random.Generator) -> str:
@@ -171,7 +177,7 @@ class CopiedPairs:
         self.zh_side = 0 if settings.src_lang == "zh" else 1  # which of (source, target) is Chinese
         # accented names only where both sides write every letter: other vocabularies would spell
         # most accents as <unk> (the copy is then not made), and the copies stay as they were
-        self.accents = ACCENTED if all(map(has_byte_fallback, self.sides)) else ""
+        self.accents = ACCENTED_LETTERS if all(map(writes_accents, self.sides)) else ""
         self.base = np.asarray(dataset.window_bounds(), dtype=np.int64)  # (S+1,) the split's own bounds
         self.made = [self._make(k) for k in range(len(self.base) - 1)]  # per window: [(src ids, tgt ids)]
         counts = np.array([len(m) for m in self.made], dtype=np.int64)

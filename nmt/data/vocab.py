@@ -23,7 +23,8 @@ after a kill removes the half-written ones and ends with the same bytes.
 
 `vocab.ascii_pieces` makes every printable ASCII character a piece of both models, however rare
 in the sample (SentencePiece's `required_chars`), so that a raw Latin name, number or URL is read
-and written letter by letter on both sides rather than partly as bytes or `<unk>`.
+and written letter by letter on both sides rather than partly as bytes or `<unk>`;
+`vocab.accented_pieces` does the same for the accented letters of `nmt.config.ACCENTED_LETTERS`.
 
 The stage stamp covers the corpus files, the vocab and data sections, so a changed corpus or
 vocabulary redoes both the models and the encoding.
@@ -54,7 +55,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from nmt import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from nmt.config import BT_TAG, Config, VocabConfig, stamp_sections
+from nmt.config import ACCENTED_LETTERS, BT_TAG, Config, VocabConfig, stamp_sections
 from nmt.data.encoded import SHARD_PAIRS, TextSide, encode_split
 from nmt.data.passthrough import PLACEHOLDERS, pair_prep
 from nmt.data.readers import count_lines
@@ -70,6 +71,13 @@ from nmt.run.stamps import clear_stamp, hash_files, stage_is_done, write_stamp
 _META_PIECES = 4  # pad, unk, bos, eos
 _BYTE_PIECES = 256
 ASCII_CHARS = string.ascii_letters + string.digits + string.punctuation  # vocab.ascii_pieces: 94 pieces
+ACCENTED_CHARS = "".join(dict.fromkeys(ACCENTED_LETTERS + ACCENTED_LETTERS.upper()))  # vocab.accented_pieces
+
+
+def required_chars(v: VocabConfig) -> str:
+    """The characters `v` makes pieces of both models whatever their frequency (ascii_pieces,
+    accented_pieces); "" for neither."""
+    return (ASCII_CHARS if v.ascii_pieces else "") + (ACCENTED_CHARS if v.accented_pieces else "")
 
 
 # --------------------------------------------------------------------------- training
@@ -135,7 +143,7 @@ def _sentences(sample: Path, allowed: set[str] | None) -> Iterator[str]:
 def _spm_options(v: VocabConfig, size: int, coverage: float, byte_fallback: bool, symbols: list[str]) -> dict:
     """SentencePiece's settings. No path among them (the text comes from an iterator, the model
     goes to memory), so the model, which stores them, holds none; the whole sample is used."""
-    required = {"required_chars": ASCII_CHARS} if v.ascii_pieces else {}
+    required = {"required_chars": required_chars(v)} if required_chars(v) else {}
     opts = required | {
         "model_type": v.type,
         "vocab_size": size,
@@ -204,10 +212,10 @@ def train_model(config: Config, sample: Path, model: Path, side: str, text: Path
     bt = config.data.backtranslation
     if side == "src" and bt is not None and bt.tag:
         symbols.append(BT_TAG)  # one piece of the source vocabulary, which the target never has
-    required = len(ASCII_CHARS) if v.ascii_pieces else 0  # pieces whatever the coverage (_spm_options)
-    allowed = _fit_chars(sample, text, size, coverage, byte_fallback, key, len(symbols) + required)
+    required = required_chars(v)  # pieces whatever the coverage (_spm_options)
+    allowed = _fit_chars(sample, text, size, coverage, byte_fallback, key, len(symbols) + len(required))
     if allowed is not None and required:
-        allowed |= set(ASCII_CHARS)  # in SentencePiece's text too, so that pieces may join them
+        allowed |= set(required)  # in SentencePiece's text too, so that pieces may join them
     spm.set_random_generator_seed(config.data.seed)
     proto = _train_bytes(_spm_options(v, size, coverage, byte_fallback, symbols), sample, allowed, text, key)
     got = _write_model(proto, model)

@@ -14,7 +14,6 @@ from conftest import SPM_PAIRS
 
 from nmt import UNK_ID
 from nmt.batches.copy_spans import (
-    ACCENTED,
     CopiedPairs,
     CopySettings,
     fill_slots,
@@ -22,8 +21,9 @@ from nmt.batches.copy_spans import (
     made_up_name,
     made_up_number,
     spell_spans,
+    writes_accents,
 )
-from nmt.config import PASSTHROUGH_KINDS
+from nmt.config import ACCENTED_LETTERS, PASSTHROUGH_KINDS
 from nmt.data.passthrough import Detector
 from nmt.errors import NmtError
 from nmt.train import loop
@@ -31,12 +31,13 @@ from nmt.train import loop
 DETECT = Detector(PASSTHROUGH_KINDS)
 
 
-def without_byte_fallback(folder, lines: list[str], size: int):
-    """A unigram model of `lines` without byte fallback (as nmt's English side by default), in `folder`."""
+def without_byte_fallback(folder, lines: list[str], size: int, required: str = ""):
+    """A unigram model of `lines` without byte fallback (as nmt's English side by default), in
+    `folder`; `required`: characters made pieces whatever their frequency."""
     (folder / "en.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     spm.SentencePieceTrainer.train(
         input=str(folder / "en.txt"), model_prefix=str(folder / "en"), vocab_size=size,
-        hard_vocab_limit=False, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2,
+        hard_vocab_limit=False, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2, required_chars=required,
     )  # fmt: skip
     return folder / "en.model"
 
@@ -92,13 +93,22 @@ def test_made_up_names_take_an_accent_only_from_those_given():
     assert all(made_up_name(rng).isascii() for _ in range(1000))
 
 
-def test_accents_only_where_both_vocabularies_have_byte_fallback(spm_models, tmp_path):
+def test_accents_only_where_both_vocabularies_write_every_accented_letter(spm_models, tmp_path):
     """Both models of the fixture have byte fallback: every accented letter may be drawn. With an
-    English model without it, none is (it would spell most of them as <unk>)."""
-    assert copied(spm_models, []).accents == ACCENTED
-    english = without_byte_fallback(tmp_path, ["Il était une fois à Zürich.", "Tom is here."] * 20, 60)
+    English model without it, none is (it would spell most of them as <unk>), though it has some
+    ("é", "à", "ü") as pieces; one without byte fallback that has each of them as a piece
+    (vocab.accented_pieces) writes them all, and they may be drawn again."""
+    assert copied(spm_models, []).accents == ACCENTED_LETTERS
+    lines = ["Il était une fois à Zürich.", "Tom is here."] * 20
+    english = without_byte_fallback(tmp_path, lines, 60)
     plain = CopiedPairs(Split([]), (spm_models[0], english), CopySettings(1.0, 1, "zh", 100))
     assert plain.accents == "" and not has_byte_fallback(plain.sides[1]) and has_byte_fallback(plain.sides[0])
+    assert not writes_accents(plain.sides[1])
+    (tmp_path / "pieces").mkdir()
+    english = without_byte_fallback(tmp_path / "pieces", lines, 120, ACCENTED_LETTERS)
+    pieces = CopiedPairs(Split([]), (spm_models[0], english), CopySettings(1.0, 1, "zh", 100))
+    assert not has_byte_fallback(pieces.sides[1]) and writes_accents(pieces.sides[1])
+    assert pieces.accents == ACCENTED_LETTERS
 
 
 @pytest.mark.parametrize(

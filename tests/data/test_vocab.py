@@ -18,14 +18,14 @@ import pytest
 from conftest import warns
 
 from nmt import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from nmt.config import Config, config_from_dict
+from nmt.config import ACCENTED_LETTERS, Config, config_from_dict
 from nmt.data import vocab as vocab_module
 from nmt.data.corpus import prepare_corpus
 from nmt.data.encoded import ParallelSplit
 from nmt.data.normalize import normalize_source, normalize_target
 from nmt.data.passthrough import PLACEHOLDERS, Detector, mask_pair
 from nmt.data.tokenizer import Tokenizer, load_tokenizers
-from nmt.data.vocab import ASCII_CHARS, build_vocab
+from nmt.data.vocab import ACCENTED_CHARS, ASCII_CHARS, build_vocab
 from nmt.errors import ConfigError, NmtError
 
 
@@ -296,6 +296,28 @@ def test_ascii_pieces_make_every_ascii_character_a_piece_of_both_sides(real_run,
         ids = tok.sp.encode(text)
         assert UNK_ID not in ids and not any(tok.sp.is_byte(i) for i in ids)
         assert tok.sp.decode(ids) == text
+
+
+def test_accented_pieces_make_accented_letters_pieces_of_both_sides(real_run, tmp_path):
+    """Off, the models lack most accented letters; with vocab.accented_pieces each of them, lower
+    and upper case, is a piece of both models (not bytes, not <unk>), and accented names encode
+    and decode back; the English model has no byte fallback still."""
+    cfg, run, _ = real_run
+
+    def lacking(sp) -> str:
+        return "".join(c for c in ACCENTED_CHARS if sp.piece_to_id(c) == UNK_ID or sp.is_byte(sp.piece_to_id(c)))
+
+    assert all(len(lacking(tok.sp)) > 40 for tok in load_tokenizers(run, cfg))
+    assert set(ACCENTED_LETTERS) < set(ACCENTED_CHARS) and "Ł" in ACCENTED_CHARS
+    run = copy_run(tmp_path, real_run)
+    on = config({"accented_pieces": True})
+    build_vocab(on, run)
+    for tok in load_tokenizers(run, on):
+        assert lacking(tok.sp) == ""
+        for name in ("Timuçin", "Wienczysława", "Yaguatí", "Łódź", "Émile"):
+            ids = tok.sp.encode(name)
+            assert UNK_ID not in ids and tok.sp.decode(ids) == name
+    assert not any(tok.sp.is_byte(i) for i in range(tok.sp.get_piece_size()))  # the English side
 
 
 def test_vocab_too_small_without_byte_fallback_names_the_key(real_run, tmp_path):

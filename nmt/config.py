@@ -364,13 +364,13 @@ def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
 
 def stamp_sections(config: Config) -> dict[str, dict]:
     """The config's sections as the stage stamps hash them (`nmt.run.stamps.hash_files`): settings
-    spelled as before `data.direction`, `train.init_from` and by-language coverage existed, so a
-    run made before them stays fresh and is not redone. `data.workers` is left out: no output
-    depends on it."""
+    spelled as before `data.direction`, `train.init_from`, by-language coverage and the required
+    pieces (`vocab.ascii_pieces`, `accented_pieces`, while off) existed, so a run made before them
+    stays fresh and is not redone. `data.workers` is left out: no output depends on it."""
     sections = config_to_dict(config)
     data = {k: v for k, v in sections["data"].items() if k not in ("direction", "workers")}
     data |= {"src_lang": config.data.src_lang, "tgt_lang": config.data.tgt_lang}
-    vocab = dict(sections["vocab"])
+    vocab = {k: v for k, v in sections["vocab"].items() if k not in _REQUIRED_PIECES or v}  # off: as before them
     for side, lang in (("src", config.data.src_lang), ("tgt", config.data.tgt_lang)):
         if vocab[f"{side}_coverage"] is None:
             vocab[f"{side}_coverage"] = 0.9995 if lang == "zh" else 1.0
@@ -389,6 +389,7 @@ def stamp_sections(config: Config) -> dict[str, dict]:
 
 
 # 0 = off
+_REQUIRED_PIECES = ("ascii_pieces", "accented_pieces")
 _REGULARISERS = ("src_word_dropout", "rdrop_alpha", "ema_decay", "subword_alpha", "concat_pairs", "copy_spans")
 
 

@@ -179,7 +179,7 @@ def test_direction_sets_both_sides_and_old_language_keys_still_load(tmp_path):
 
 def test_stamps_of_a_run_made_before_direction_stay_the_same():
     """A zh-en run's stage digests hash the settings as they were spelled before `data.direction`,
-    `train.init_from` and by-language coverage: old runs are not redone."""
+    `train.init_from`, by-language coverage and the required pieces: old runs are not redone."""
     from nmt.config import load_config, stamp_sections
 
     root = Path(__file__).resolve().parents[1]
@@ -187,6 +187,9 @@ def test_stamps_of_a_run_made_before_direction_stay_the_same():
     assert sections["data"]["src_lang"] == "zh" and "direction" not in sections["data"]
     assert (sections["vocab"]["src_coverage"], sections["vocab"]["tgt_coverage"]) == (0.9995, 1.0)
     assert "init_from" not in sections["train"]
+    assert sections["vocab"]["ascii_pieces"] is True  # on in the recipe: it counts
+    tiny = stamp_sections(load_config(root / "configs" / "tiny.yaml"))
+    assert not {"ascii_pieces", "accented_pieces"} & set(tiny["vocab"])  # off: spelled as before them
 
 
 def test_stamps_leave_out_the_regularisers_while_they_are_off():

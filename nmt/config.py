@@ -159,12 +159,15 @@ class VocabConfig:
     # only the Latin letters its text uses often enough for its character coverage (Tatoeba's: 9 of
     # the 26 lower-case letters), so a raw name is read partly as byte pieces ("Mary" as M a r <0x79>),
     # and an English side cannot write what its sample never held ("/", "@"): raw names, URLs and
-    # addresses are then copied piece for piece as the copies (train.copy_spans) spell them
+    # addresses are then copied piece for piece as the copies (train.copy_spans) spell them. Three seeds
+    # side by side at 20 minutes: valid BLEU +0.27 and raw-path spans up on average, but one seed lower
+    # on every span set and its demo run lower: not in the recipes (docs/benchmarks-log.md)
     ascii_pieces: bool = False
     # every letter of ACCENTED_LETTERS, lower and upper case, a piece of both vocabularies the same
     # way: a raw "Timuçin" or "Yaguatí" can then be read and written whole, and copy examples
     # (train.copy_spans) give a share of their made-up names such a letter, as byte fallback on both
-    # sides does (vocab.byte_fallback_en), without giving 256 English pieces to bytes
+    # sides does (vocab.byte_fallback_en), without giving 256 English pieces to bytes; its effect on
+    # quality is not measured yet
     accented_pieces: bool = False
     # SentencePiece trains on a seeded sample of the train pairs (nmt/data/vocab_sample.py): the pairs of
     # smallest key up to this many characters per side. Its memory grows with this, not with the corpus:

@@ -166,8 +166,8 @@ class VocabConfig:
     # every letter of ACCENTED_LETTERS, lower and upper case, a piece of both vocabularies the same
     # way: a raw "Timuçin" or "Yaguatí" can then be read and written whole, and copy examples
     # (train.copy_spans) give a share of their made-up names such a letter, as byte fallback on both
-    # sides does (vocab.byte_fallback_en), without giving 256 English pieces to bytes; its effect on
-    # quality is not measured yet
+    # sides does (vocab.byte_fallback_en), without giving 256 English pieces to bytes. One seed side
+    # by side: valid BLEU +0.48, the accented test names kept, news spans lower: off until more agree
     accented_pieces: bool = False
     # SentencePiece trains on a seeded sample of the train pairs (nmt/data/vocab_sample.py): the pairs of
     # smallest key up to this many characters per side. Its memory grows with this, not with the corpus:

@@ -143,8 +143,8 @@ def _sentences(sample: Path, allowed: set[str] | None) -> Iterator[str]:
 def _spm_options(v: VocabConfig, size: int, coverage: float, byte_fallback: bool, symbols: list[str]) -> dict:
     """SentencePiece's settings. No path among them (the text comes from an iterator, the model
     goes to memory), so the model, which stores them, holds none; the whole sample is used."""
-    required = {"required_chars": required_chars(v)} if required_chars(v) else {}
-    opts = required | {
+    required = required_chars(v)
+    opts = ({"required_chars": required} if required else {}) | {
         "model_type": v.type,
         "vocab_size": size,
         "character_coverage": coverage,

@@ -275,6 +275,11 @@ def test_split_digits_gives_every_digit_its_own_piece_on_both_sides(real_run, tm
         assert [p for p in pieces if any(c.isdigit() for c in p)] == list("1955100")
 
 
+def lacking(sp, chars: str) -> str:
+    """The characters of `chars` that `sp` has no piece for (read as <unk> or as bytes)."""
+    return "".join(c for c in chars if sp.piece_to_id(c) == UNK_ID or sp.is_byte(sp.piece_to_id(c)))
+
+
 def test_ascii_pieces_make_every_ascii_character_a_piece_of_both_sides(real_run, tmp_path):
     """Off, the Chinese model lacks ASCII letters its sample holds too rarely (a raw name is read
     partly as byte pieces) and the English one lacks punctuation its sample never held (<unk>);
@@ -282,16 +287,13 @@ def test_ascii_pieces_make_every_ascii_character_a_piece_of_both_sides(real_run,
     encode without a byte piece or <unk> and decode back."""
     cfg, run, _ = real_run
 
-    def lacking(sp) -> str:
-        return "".join(c for c in ASCII_CHARS if sp.piece_to_id(c) == UNK_ID or sp.is_byte(sp.piece_to_id(c)))
-
-    assert all(lacking(tok.sp) for tok in load_tokenizers(run, cfg))
+    assert all(lacking(tok.sp, ASCII_CHARS) for tok in load_tokenizers(run, cfg))
     run = copy_run(tmp_path, real_run)
     on = config({"ascii_pieces": True})
     report = build_vocab(on, run)
     assert report["zh"]["vocab_size"] == 1200 and report["en"]["vocab_size"] == 600
     for tok in load_tokenizers(run, on):
-        assert lacking(tok.sp) == ""
+        assert lacking(tok.sp, ASCII_CHARS) == ""
         text = "Wiqyzk: https://x.org/a_b?q=1&r=~2 @jo #7"
         ids = tok.sp.encode(text)
         assert UNK_ID not in ids and not any(tok.sp.is_byte(i) for i in ids)
@@ -304,16 +306,13 @@ def test_accented_pieces_make_accented_letters_pieces_of_both_sides(real_run, tm
     and decode back; the English model has no byte fallback still."""
     cfg, run, _ = real_run
 
-    def lacking(sp) -> str:
-        return "".join(c for c in ACCENTED_CHARS if sp.piece_to_id(c) == UNK_ID or sp.is_byte(sp.piece_to_id(c)))
-
-    assert all(len(lacking(tok.sp)) > 40 for tok in load_tokenizers(run, cfg))
+    assert all(len(lacking(tok.sp, ACCENTED_CHARS)) > 40 for tok in load_tokenizers(run, cfg))
     assert set(ACCENTED_LETTERS) < set(ACCENTED_CHARS) and "Ł" in ACCENTED_CHARS
     run = copy_run(tmp_path, real_run)
     on = config({"accented_pieces": True})
     build_vocab(on, run)
     for tok in load_tokenizers(run, on):
-        assert lacking(tok.sp) == ""
+        assert lacking(tok.sp, ACCENTED_CHARS) == ""
         for name in ("Timuçin", "Wienczysława", "Yaguatí", "Łódź", "Émile"):
             ids = tok.sp.encode(name)
             assert UNK_ID not in ids and tok.sp.decode(ids) == name
